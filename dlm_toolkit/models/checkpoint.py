@@ -1,0 +1,241 @@
+"""Load and save LLaDA2 MoE checkpoints in the official Hugging Face layout, safetensors only.
+
+A checkpoint folder holds ``config.json`` (``model_type: llada2_moe``) and either
+``model.safetensors`` or ``model.safetensors.index.json`` plus its shards. Pickled weights
+(``pytorch_model.bin``) are refused: we never unpickle and never run remote code.
+
+Memory: the model is built on the ``meta`` device (no random init, no storage), every key and
+shape is checked against the safetensors headers before any tensor data is read, and tensors are
+then read one at a time and assigned into the module. Peak RAM is therefore about one model copy
+plus one tensor. For the released models (DESIGN.md §3 configs, router weights kept in float32):
+
+* LLaDA2 mini: 16.26B parameters (1.43B active per token) -> ~32.5 GB in bfloat16, one GPU.
+* LLaDA2 flash: 102.9B parameters (6.15B active) -> ~206 GB in bfloat16. That is multi-GPU
+  (tensor-parallel) territory; this loader puts the whole model on one device, so it only works
+  on a machine with that much memory.
+
+Saving holds one shard's bytes in addition to the model (pass ``max_shard_bytes`` to bound it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .llada2 import LLaDA2Config, LLaDA2MoeModelLM
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+MASK_TOKEN = "<|mask|>"
+DEFAULT_EOS_TOKEN = "<|endoftext|>"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded as-is (one error listing every problem)."""
+
+
+def _listing(title: str, items: list[str], limit: int = 10) -> str:
+    more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{title} ({len(items)}): " + ", ".join(items[:limit]) + more
+
+
+def _read_config(path: Path) -> dict:
+    file = path / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{file}: not found (a checkpoint folder needs config.json)")
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: invalid JSON ({e})") from e
+    if raw.get("model_type") != "llada2_moe":
+        raise CheckpointError(f"{file}: model_type must be 'llada2_moe', found {raw.get('model_type')!r}")
+    return raw
+
+
+def _tokenizer_ids(path: Path) -> tuple[int | None, int | None]:
+    """Mask and EOS ids from tokenizer.json (EOS token named by tokenizer_config.json if present)."""
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        return None, None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(file))
+    eos = DEFAULT_EOS_TOKEN
+    if (path / "tokenizer_config.json").is_file():
+        named = json.loads((path / "tokenizer_config.json").read_text()).get("eos_token") or eos
+        eos = named["content"] if isinstance(named, dict) else named
+    return tok.token_to_id(MASK_TOKEN), tok.token_to_id(eos)
+
+
+def _special_ids(path: Path, raw: dict, mask_token_id: int | None, eos_token_id: int | None) -> tuple[int, int]:
+    """Keyword arguments first, then config.json, then the tokenizer in the folder."""
+    mask = mask_token_id if mask_token_id is not None else raw.get("mask_token_id")
+    eos = eos_token_id if eos_token_id is not None else raw.get("eos_token_id")
+    if mask is None or eos is None:
+        tok_mask, tok_eos = _tokenizer_ids(path)
+        mask = tok_mask if mask is None else mask
+        eos = tok_eos if eos is None else eos
+    missing = [name for name, v in (("mask_token_id", mask), ("eos_token_id", eos)) if v is None]
+    if missing:
+        raise CheckpointError(
+            f"{path}: cannot determine {' and '.join(missing)}: not passed as keyword arguments, not in "
+            f"config.json, and no tokenizer.json defining {MASK_TOKEN!r} / the EOS token. "
+            f"Pass load_model(..., mask_token_id=..., eos_token_id=...)."
+        )
+    return mask, eos
+
+
+def _weight_files(path: Path) -> list[Path]:
+    if (path / SINGLE).is_file():
+        return [path / SINGLE]
+    if (path / INDEX).is_file():
+        try:
+            weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{path / INDEX}: not a valid safetensors index ({e!r})") from e
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise CheckpointError(f"{path / INDEX}: " + _listing("shards listed but not found", absent))
+        return files
+    if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
+        raise CheckpointError(
+            f"{path}: only pickled PyTorch weights found. dlm-toolkit never unpickles checkpoints; convert "
+            f"them to safetensors (e.g. with a trusted tool on a trusted machine) and save as {SINGLE} or "
+            f"sharded with {INDEX}."
+        )
+    raise CheckpointError(f"{path}: no {SINGLE} or {INDEX} found")
+
+
+def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """key -> (file, shape) from the safetensors headers only (no tensor data is read)."""
+    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    duplicated = []
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                for key in f.keys():
+                    if key in found:
+                        duplicated.append(f"{key} ({found[key][0].name} and {file.name})")
+                    found[key] = (file, tuple(f.get_slice(key).get_shape()))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file (truncated or corrupt?): {e}") from e
+    if duplicated:
+        raise CheckpointError(_listing("keys stored in more than one shard", duplicated))
+    return found
+
+
+def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               mask_token_id: int | None = None, eos_token_id: int | None = None) -> LLaDA2MoeModelLM:
+    """Load an official-format LLaDA2 MoE checkpoint folder into a :class:`LLaDA2MoeModelLM`.
+
+    Weights are converted to ``dtype`` (the router stays float32) and placed on ``device``.
+    Special ids come from the keyword arguments, else config.json, else the folder's tokenizer.
+    Raises :class:`CheckpointError` for any problem with the folder, before reading tensor data.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory")
+    raw = _read_config(path)
+    try:
+        config = LLaDA2Config(**raw)
+    except ValidationError as e:
+        raise CheckpointError(f"{path / 'config.json'}: invalid config: {e}") from e
+    mask, eos = _special_ids(path, raw, mask_token_id, eos_token_id)
+    stored = _read_headers(_weight_files(path))
+
+    with torch.device("meta"):
+        model = LLaDA2MoeModelLM(config, dtype=dtype, mask_token_id=mask, eos_token_id=eos)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in stored]
+    unexpected = [k for k in stored if k not in expected]
+    wrong = [f"{k} expected {tuple(t.shape)} found {stored[k][1]} ({stored[k][0].name})"
+             for k, t in expected.items() if k in stored and tuple(t.shape) != stored[k][1]]
+    problems = [_listing(title, items) for title, items in
+                (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", wrong)) if items]
+    if problems:
+        raise CheckpointError(f"{path}: checkpoint does not match the config: " + "; ".join(problems))
+
+    by_file: dict[Path, list[str]] = {}
+    for key, (file, _) in stored.items():
+        by_file.setdefault(file, []).append(key)
+    for file, keys in by_file.items():
+        with safe_open(file, framework="pt") as f:
+            for key in keys:
+                tensor = f.get_tensor(key).to(device=device, dtype=expected[key].dtype)
+                module_name, _, name = key.rpartition(".")
+                module = model.get_submodule(module_name)
+                if isinstance(old := getattr(module, name), torch.nn.Parameter):
+                    tensor = torch.nn.Parameter(tensor, requires_grad=old.requires_grad)
+                setattr(module, name, tensor)  # replaces the meta tensor; buffers stay buffers
+    return model
+
+
+def _write_atomically(path: Path, files: dict[str, Callable[[Path], object]]) -> None:
+    """Write every file under a temporary name, then rename them all into place; on failure
+    remove the temporaries so the folder holds nothing half-written."""
+    tmp = {name: path / f".tmp-{uuid.uuid4().hex}-{name}" for name in files}
+    try:
+        for name, write in files.items():
+            write(tmp[name])
+    except BaseException:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
+        raise
+    for name, t in tmp.items():
+        os.replace(t, path / name)
+
+
+def save_model(model: LLaDA2MoeModelLM, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
+    """Write ``config.json`` and the weights (one ``model.safetensors``, or shards of at most
+    ``max_shard_bytes`` plus ``model.safetensors.index.json``) under the official names.
+
+    The config keeps every key it was read with and adds ``mask_token_id``/``eos_token_id``.
+    Stale weight files of the other layout in ``path`` are removed after the new ones are in place.
+    """
+    if max_shard_bytes is not None and max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+
+    config = model.config.to_hf_dict()
+    config.setdefault("architectures", ["LLaDA2MoeModelLM"])
+    config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
+    for name in ("mask_token_id", "eos_token_id"):
+        if getattr(model, name) >= 0:
+            config[name] = getattr(model, name)
+
+    def writer(tensors: dict):
+        return lambda file: save_file(tensors, file, metadata={"format": "pt"})
+
+    files = {"config.json": lambda file: file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")}
+    if max_shard_bytes is None:
+        files[SINGLE] = writer(state)
+    else:
+        shards: list[dict] = [{}]
+        size = 0
+        for key, t in state.items():
+            nbytes = t.numel() * t.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][key] = t
+            size += nbytes
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                 "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
+        files.update({name: writer(shard) for name, shard in zip(names, shards)})
+        files[INDEX] = lambda file: file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    _write_atomically(path, files)
+    for stale in [path / SINGLE, path / INDEX, *path.glob("model-*-of-*.safetensors")]:
+        if stale.name not in files and stale.exists():
+            stale.unlink()

@@ -1,0 +1,5 @@
+"""Test helpers shipped with the library: scripted models and contract suites for plug-ins."""
+
+from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits, table_logits
+
+__all__ = ["ScriptedLM", "mixing_logits", "table_logits"]

@@ -1,0 +1,191 @@
+"""Character-level tokenizer for the tiny testbed models.
+
+One token per character, built with the Hugging Face ``tokenizers`` library (a ``WordLevel``
+model over single characters, fed by a ``Split`` pre-tokenizer that isolates every character)
+and wrapped in :class:`transformers.PreTrainedTokenizerFast`. :func:`save_tokenizer` writes a
+real ``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``, so both
+``PreTrainedTokenizerFast(tokenizer_file=...)`` and ``AutoTokenizer.from_pretrained(dir)`` load
+it without remote code.
+
+Vocabulary (128 ids, in this order):
+
+* ``<|endoftext|>`` -- EOS, also used as padding;
+* ``<|mask|>`` -- the diffusion mask token;
+* ``<|unk|>`` -- any character outside the table below (e.g. the two non-ASCII symbols that
+  occur in a few HumanEval prompts);
+* ``"\\n"`` and the 95 printable ASCII characters ``" "`` .. ``"~"``;
+* ``<|unused_0|>`` .. ``<|unused_28|>`` padding the vocabulary to 128.
+
+Never hard-code ids elsewhere: read them with :func:`special_ids`.
+
+Encoding is an exact round trip for every string made of printable ASCII and newlines:
+there is no normaliser, no whitespace stripping, no BOS/EOS added by ``encode`` and no
+clean-up of spaces on ``decode`` (``decode(encode(s)) == s``).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+__all__ = [
+    "EOS_TOKEN",
+    "MASK_TOKEN",
+    "UNK_TOKEN",
+    "VOCAB_SIZE",
+    "build_char_tokenizer",
+    "load_tokenizer",
+    "save_tokenizer",
+    "special_ids",
+]
+
+EOS_TOKEN = "<|endoftext|>"
+MASK_TOKEN = "<|mask|>"
+UNK_TOKEN = "<|unk|>"
+VOCAB_SIZE = 128
+
+_SPECIAL_TOKENS: tuple[str, ...] = (EOS_TOKEN, MASK_TOKEN, UNK_TOKEN)
+# "\n" plus the 95 printable ASCII characters 0x20..0x7e.
+_CHARS: tuple[str, ...] = ("\n",) + tuple(chr(c) for c in range(0x20, 0x7F))
+_TOKENIZER_FILES = ("tokenizer.json",)
+
+assert len(_CHARS) == 96 and set(string.printable) - set(_CHARS) == set("\t\r\x0b\x0c")
+
+
+def _vocab() -> dict[str, int]:
+    tokens = list(_SPECIAL_TOKENS) + list(_CHARS)
+    n_unused = VOCAB_SIZE - len(tokens)
+    tokens += [f"<|unused_{k}|>" for k in range(n_unused)]
+    return {tok: i for i, tok in enumerate(tokens)}
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """Build the 128-token character tokenizer described in the module docstring.
+
+    Returns:
+        A fast tokenizer with ``eos_token == pad_token == "<|endoftext|>"``,
+        ``mask_token == "<|mask|>"``, ``unk_token == "<|unk|>"``, no BOS and
+        ``clean_up_tokenization_spaces=False``.
+    """
+    backend = Tokenizer(models.WordLevel(vocab=_vocab(), unk_token=UNK_TOKEN))
+    backend.normalizer = None
+    # ``[\s\S]`` (rather than ``.``) so that newlines are isolated as well.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.post_processor = None
+    backend.decoder = decoders.Fuse()  # concatenate tokens; WordLevel would join with spaces
+    # Registering the specials as added tokens makes "<|mask|>" in text map to one id and lets
+    # ``skip_special_tokens`` work; their ids are the ones already in the WordLevel vocab.
+    backend.add_special_tokens(list(_SPECIAL_TOKENS))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        mask_token=MASK_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    _check(tok)
+    return tok
+
+
+def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``.
+
+    Args:
+        tok: a tokenizer from :func:`build_char_tokenizer` (or :func:`load_tokenizer`).
+        directory: target folder, created if missing.
+
+    Returns:
+        The folder as a :class:`~pathlib.Path`.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out))
+    # transformers 5 records its internal class name ("TokenizersBackend"); the public alias
+    # loads under both transformers 4 and 5.
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    # transformers >= 5 no longer writes special_tokens_map.json; older loaders and our own
+    # tooling still look for it, so make sure it exists.
+    special_map = out / "special_tokens_map.json"
+    if not special_map.exists():
+        special_map.write_text(
+            json.dumps(
+                {
+                    "eos_token": tok.eos_token,
+                    "pad_token": tok.pad_token,
+                    "mask_token": tok.mask_token,
+                    "unk_token": tok.unk_token,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return out
+
+
+def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
+    """Load a tokenizer saved by :func:`save_tokenizer` (local files only, no remote code).
+
+    Raises:
+        FileNotFoundError: if ``directory`` does not exist or holds no ``tokenizer.json``.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {str(path)!r} does not exist")
+    missing = [f for f in _TOKENIZER_FILES if not (path / f).is_file()]
+    if missing:
+        present = sorted(p.name for p in path.iterdir())
+        raise FileNotFoundError(
+            f"{str(path)!r} is not a tokenizer folder: missing {missing} "
+            f"(found {present or 'nothing'}); create one with "
+            "dlm_toolkit.tokenizer.save_tokenizer(build_char_tokenizer(), dir)"
+        )
+    tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    _check(tok)
+    return tok
+
+
+def special_ids(tok: PreTrainedTokenizerFast) -> tuple[int, int]:
+    """Return ``(mask_id, eos_id)`` as stored in ``tok``.
+
+    Uses the tokenizer's ``mask_token``/``eos_token`` roles; a tokenizer built from the bare
+    ``tokenizer.json`` (``PreTrainedTokenizerFast(tokenizer_file=...)``, which carries no roles)
+    falls back to looking up ``"<|mask|>"``/``"<|endoftext|>"`` in its vocabulary.
+
+    Raises:
+        ValueError: if no mask or no EOS token can be found.
+    """
+    vocab = tok.get_vocab()
+
+    def lookup(role_id: int | None, default_token: str) -> int | None:
+        if role_id is not None:
+            return int(role_id)
+        return vocab.get(default_token)
+
+    mask_id = lookup(tok.mask_token_id, MASK_TOKEN)
+    eos_id = lookup(tok.eos_token_id, EOS_TOKEN)
+    if mask_id is None or eos_id is None:
+        raise ValueError(
+            f"tokenizer lacks a mask token (got {tok.mask_token!r}) or an EOS token "
+            f"(got {tok.eos_token!r})"
+        )
+    return mask_id, eos_id
+
+
+def _check(tok: PreTrainedTokenizerFast) -> None:
+    """Guard against silent behaviour changes (e.g. a library upgrade adding a BOS)."""
+    probe = " a\n  b~ "
+    ids = tok.encode(probe, add_special_tokens=True)
+    if len(ids) != len(probe) or tok.decode(ids) != probe:
+        raise RuntimeError(
+            "character tokenizer is not an exact round trip: "
+            f"{probe!r} -> {ids} -> {tok.decode(ids)!r}"
+        )

@@ -1,0 +1,54 @@
+"""Blocks ``semi_ar``: semi-autoregressive blocks with post steps and EOS early stop.
+
+Paper: LLaDA2.1 (arXiv 2602.08676) / LLaDA2.0 block diffusion; reference: the LLaDA2.1
+Hugging Face ``generate()``. Blocks are aligned at absolute position 0 (``align: absolute``,
+LLaDA2: the first decoded block may hold the prompt's tail) or start right after the prompt
+(``align: prompt``, LLaDA). A block ends when a forward that began with no mask made no edit,
+or, without a forward, once ``max_post_steps`` mask-free forwards were spent. After a block,
+``eos_early_stop`` ends the row if its generated part has no mask and contains EOS.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from dlm_toolkit import BLOCKS, BlockSchedule, DecodeState, StepContext, StrategyConfig
+
+
+@BLOCKS.register("semi_ar")
+class SemiAutoregressive(BlockSchedule):
+    class Config(StrategyConfig):
+        block_length: int = Field(32, ge=1, le=4096)
+        max_post_steps: int = Field(16, ge=0, le=1024, description="mask-free forwards allowed per block")
+        eos_early_stop: bool = True
+        align: Literal["absolute", "prompt"] = "absolute"
+
+    def layout(self, prompt_len: torch.Tensor, gen_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bl = self.block_length
+        if self.config.align == "prompt":
+            return prompt_len.clone(), torch.zeros_like(prompt_len), torch.full_like(prompt_len, -(-gen_length // bl))
+        return torch.zeros_like(prompt_len), prompt_len // bl, -(-(prompt_len + gen_length) // bl)
+
+    def prepare(self, state: DecodeState) -> torch.Tensor:
+        ready = torch.zeros_like(state.done)
+        check = ~state.done
+        while check.any():
+            rows = check.nonzero().squeeze(1)
+            no_mask = state.masked_in_block(rows) == 0
+            state.post[rows[no_mask]] += 1
+            over = no_mask & (state.post[rows] > self.config.max_post_steps)  # checked before the forward
+            ready[rows[~over]] = True
+            state.advance_block(rows[over], self.config.eos_early_stop)
+            check = torch.zeros_like(check)
+            check[rows[over]] = ~state.done[rows[over]]
+        return ready.nonzero().squeeze(1)
+
+    def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return state.block_bounds(rows)
+
+    def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
+        converged = ctx.post & ~ctx.edit.any(1)
+        state.advance_block(ctx.rows[converged], self.config.eos_early_stop)

@@ -1,0 +1,26 @@
+"""M2T ``threshold``: commit every masked position whose confidence clears a threshold.
+
+Paper: LLaDA2.1 (arXiv 2602.08676) joint-threshold decoding; Fast-dLLM (arXiv 2505.22618)
+confidence-aware parallel decoding. Reference: the LLaDA2.1 Hugging Face ``generate()``
+(``threshold``; ``num_to_transfer`` 1): when no masked position clears the threshold, the single
+most confident one is committed, so every step makes progress.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
+from dlm_toolkit.selection import top1
+
+
+@M2T.register("threshold")
+class ThresholdUnmask(UnmaskRule):
+    class Config(StrategyConfig):
+        threshold: float = Field(0.9, gt=0.0, le=1.0, description="commit iff confidence > threshold (strict)")
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor:
+        commit = ctx.fillable & (ctx.confidence > self.config.threshold)
+        need = ctx.fillable.any(1) & ~commit.any(1)
+        return commit | (top1(ctx.confidence, ctx.fillable) & need[:, None])
