@@ -43,7 +43,8 @@ def moe_speedup(tokens: int = 2048, hidden: int = 512, moe_intermediate: int = 1
     _, idx, weight = moe.gate(x)
     t_loop = _best_time(lambda: moe_forward_loop(moe.experts, x, idx, weight), repeats)
     t_grouped = _best_time(lambda: moe_forward_grouped(moe.experts, x, idx, weight), repeats)
-    diff = (moe_forward_loop(moe.experts, x, idx, weight) - moe_forward_grouped(moe.experts, x, idx, weight)).abs().max()
+    fast, slow = moe_forward_grouped(moe.experts, x, idx, weight), moe_forward_loop(moe.experts, x, idx, weight)
+    diff = (fast - slow).abs().max()
     return {
         "tokens": tokens, "hidden": hidden, "moe_intermediate": moe_intermediate, "num_experts": num_experts,
         "top_k": top_k, "groups": f"{n_group}/{topk_group}", "threads": torch.get_num_threads(),

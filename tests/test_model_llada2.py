@@ -94,7 +94,8 @@ def test_kv_cache_prefix_in_one_forward_and_partial_writes(model, ref):
     write[:, :16] = True  # only the two finished blocks go to the cache
     model.forward_window(ids, pos, block_causal(pos, pos), cache=cache, cache_rows=rows, cache_write=write)
     assert cache.k[0][:, :, 16:].abs().sum() == 0
-    logits = model.forward_window(ids[:, 16:], pos[:, 16:], block_causal(pos[:, 16:], pos), cache=cache, cache_rows=rows)
+    window = pos[:, 16:]
+    logits = model.forward_window(ids[:, 16:], window, block_causal(window, pos), cache=cache, cache_rows=rows)
     assert (logits - ref["logits_block_causal"][:, 16:]).abs().max() < TOL
 
 

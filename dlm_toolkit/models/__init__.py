@@ -4,4 +4,12 @@ from .base import DiffusionLM
 from .checkpoint import CheckpointError, load_model, save_model
 from .llada2 import KVCache, LLaDA2Config, LLaDA2MoeModelLM
 
-__all__ = ["CheckpointError", "DiffusionLM", "KVCache", "LLaDA2Config", "LLaDA2MoeModelLM", "load_model", "save_model"]
+__all__ = [
+    "CheckpointError",
+    "DiffusionLM",
+    "KVCache",
+    "LLaDA2Config",
+    "LLaDA2MoeModelLM",
+    "load_model",
+    "save_model",
+]

@@ -75,10 +75,11 @@ def _tokenizer_ids(path: Path) -> tuple[int | None, int | None]:
     return tok.token_to_id(MASK_TOKEN), tok.token_to_id(eos)
 
 
-def _special_ids(path: Path, raw: dict, mask_token_id: int | None, eos_token_id: int | None) -> tuple[int, int]:
+def _special_ids(path: Path, config: LLaDA2Config, mask_token_id: int | None, eos_token_id: int | None
+                 ) -> tuple[int, int]:
     """Keyword arguments first, then config.json, then the tokenizer in the folder."""
-    mask = mask_token_id if mask_token_id is not None else raw.get("mask_token_id")
-    eos = eos_token_id if eos_token_id is not None else raw.get("eos_token_id")
+    mask = mask_token_id if mask_token_id is not None else config.mask_token_id
+    eos = eos_token_id if eos_token_id is not None else config.eos_token_id
     if mask is None or eos is None:
         tok_mask, tok_eos = _tokenizer_ids(path)
         mask = tok_mask if mask is None else mask
@@ -90,6 +91,9 @@ def _special_ids(path: Path, raw: dict, mask_token_id: int | None, eos_token_id:
             f"config.json, and no tokenizer.json defining {MASK_TOKEN!r} / the EOS token. "
             f"Pass load_model(..., mask_token_id=..., eos_token_id=...)."
         )
+    for name, v in (("mask_token_id", mask), ("eos_token_id", eos)):
+        if not 0 <= v < config.vocab_size:
+            raise CheckpointError(f"{path}: {name} must be in [0, vocab_size={config.vocab_size}), got {v}")
     return mask, eos
 
 
@@ -148,8 +152,9 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     try:
         config = LLaDA2Config(**raw)
     except ValidationError as e:
-        raise CheckpointError(f"{path / 'config.json'}: invalid config: {e}") from e
-    mask, eos = _special_ids(path, raw, mask_token_id, eos_token_id)
+        details = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
+        raise CheckpointError(f"{path / 'config.json'}: invalid config: {details}") from e
+    mask, eos = _special_ids(path, config, mask_token_id, eos_token_id)
     stored = _read_headers(_weight_files(path))
 
     with torch.device("meta"):

@@ -11,7 +11,6 @@ D head_dim, R rotary dims, E experts, K experts per token, N tokens (B*T), V voc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -180,7 +179,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype):
         super().__init__()
         self.nq, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.query_key_value = nn.Linear(cfg.hidden_size, (self.nq + 2 * self.nkv) * self.hd, bias=False, dtype=dtype)
+        qkv_out = (self.nq + 2 * self.nkv) * self.hd  # packed [all Q heads | all K heads | all V heads]
+        self.query_key_value = nn.Linear(cfg.hidden_size, qkv_out, bias=False, dtype=dtype)
         self.query_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
         self.key_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
         self.dense = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False, dtype=dtype)
@@ -232,7 +232,7 @@ class Router(nn.Module):
 
     def __init__(self, cfg: LLaDA2Config):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, dtype=torch.float32))
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size, dtype=torch.float32))
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
         self.k, self.n_group, self.topk_group = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
         self.scale = cfg.routed_scaling_factor
@@ -264,10 +264,9 @@ class MoE(nn.Module):
     def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype):
         super().__init__()
         self.gate = Router(cfg)
-        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size, dtype) for _ in range(cfg.num_experts))
-        self.shared_experts = (
-            MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_shared_experts, dtype) if cfg.num_shared_experts else None
-        )
+        H, inner = cfg.hidden_size, cfg.moe_intermediate_size
+        self.experts = nn.ModuleList(MLP(H, inner, dtype) for _ in range(cfg.num_experts))
+        self.shared_experts = MLP(H, inner * cfg.num_shared_experts, dtype) if cfg.num_shared_experts else None
 
     def forward(self, x: torch.Tensor, trace: dict | None = None, layer: int = 0) -> torch.Tensor:
         B, T, H = x.shape
@@ -283,7 +282,7 @@ class MoE(nn.Module):
         return y.view(B, T, H)
 
 
-def moe_forward_grouped(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def moe_forward_grouped(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor):
     """sum_k weight[n, k] * experts[idx[n, k]](x[n]) by sorting the N*K (token, expert) pairs by
     expert, so each active expert runs once on a contiguous slice of its tokens."""
     N, K = idx.shape
@@ -296,10 +295,10 @@ def moe_forward_grouped(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tens
     return torch.zeros_like(x).index_add_(0, token, out)
 
 
-def moe_forward_loop(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def moe_forward_loop(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor):
     """Naive reference for tests and the benchmark: every expert on every token, masked by a
     dense (N, E) combine weight that is zero where the expert was not chosen."""
-    combine = torch.zeros(x.shape[0], len(experts), dtype=weight.dtype, device=x.device).scatter_(1, idx, weight)
+    combine = weight.new_zeros(x.shape[0], len(experts)).scatter_(1, idx, weight)  # (N, E)
     y = torch.zeros_like(x)
     for e, expert in enumerate(experts):
         y += combine[:, e : e + 1].to(x.dtype) * expert(x)
@@ -317,7 +316,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attention = Attention(cfg, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype) if layer < cfg.first_k_dense_replace else MoE(cfg, dtype)
+        dense = layer < cfg.first_k_dense_replace
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype) if dense else MoE(cfg, dtype)
 
     def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_at, trace):
         h = h + self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_at)
@@ -336,9 +336,10 @@ class LLaDA2Backbone(nn.Module):
 class LLaDA2MoeModelLM(nn.Module):
     """The LLaDA2 MoE diffusion LM, implementing :class:`dlm_toolkit.models.base.DiffusionLM`.
 
-    Construct from a config (parameters are uninitialised unless :meth:`init_weights` is called;
-    build it under ``torch.device("meta")`` to load a checkpoint without a random init), or use
-    :func:`dlm_toolkit.models.checkpoint.load_model`.
+    Construct from a config (torch's default init, zero router; call :meth:`init_weights` for a
+    seeded init; build it under ``torch.device("meta")`` to skip the init and allocate nothing), or
+    use :func:`dlm_toolkit.models.checkpoint.load_model`. Parameters require grad as usual, so
+    decode under ``torch.inference_mode()``.
     """
 
     attention = "block_causal"
@@ -350,9 +351,10 @@ class LLaDA2MoeModelLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self.vocab_size = config.vocab_size
-        # -1 marks "unknown": the loader always resolves real ids; a bare random model may not need them.
-        self.mask_token_id = mask_token_id if mask_token_id is not None else (config.mask_token_id if config.mask_token_id is not None else -1)
-        self.eos_token_id = eos_token_id if eos_token_id is not None else (config.eos_token_id if config.eos_token_id is not None else -1)
+        # Arguments win over the config; -1 marks "unknown" (the loader always resolves real ids,
+        # a bare randomly initialised model may not need them).
+        self.mask_token_id = next((i for i in (mask_token_id, config.mask_token_id) if i is not None), -1)
+        self.eos_token_id = next((i for i in (eos_token_id, config.eos_token_id) if i is not None), -1)
         self.model = LLaDA2Backbone(config, dtype)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
 
@@ -387,8 +389,10 @@ class LLaDA2MoeModelLM(nn.Module):
         B, T = input_ids.shape
         if position_ids.shape != (B, T):
             raise ValueError(f"position_ids must have shape {(B, T)}, got {tuple(position_ids.shape)}")
-        if attn_mask.dtype != torch.bool or attn_mask.dim() != 3 or attn_mask.shape[:2] != (B, T) or attn_mask.shape[2] < T:
-            raise ValueError(f"attn_mask must be bool of shape ({B}, {T}, S+{T}), got {attn_mask.dtype} {tuple(attn_mask.shape)}")
+        if attn_mask.dtype != torch.bool or attn_mask.dim() != 3 or attn_mask.shape[:2] != (B, T) \
+                or attn_mask.shape[2] < T:
+            raise ValueError(f"attn_mask must be bool of shape ({B}, {T}, S+{T}), "
+                             f"got {attn_mask.dtype} {tuple(attn_mask.shape)}")
         S = attn_mask.shape[2] - T
         if (S or cache_write is not None) and (cache is None or cache_rows is None):
             raise ValueError("a mask with cache columns (S > 0) or cache_write needs cache and cache_rows")

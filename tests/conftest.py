@@ -1,0 +1,16 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO.parent / "shared" / "conformance" / "llada2_tiny"
+
+
+@pytest.fixture(scope="session")
+def fixture_dir() -> Path:
+    assert FIXTURE.is_dir(), f"conformance fixtures expected at {FIXTURE}"
+    return FIXTURE
