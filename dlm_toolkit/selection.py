@@ -19,3 +19,75 @@ def topk_per_row(score: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor) ->
     order = masked_score.argsort(dim=1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(score.shape[1]).expand_as(order))
     return allowed & (rank < k[:, None])
+
+
+def rank_and_quota(score: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor, threshold: float | None = None) -> torch.Tensor:
+    """(B, W) bool: the ``k[b]`` best-``score`` allowed positions of row b (a quota), plus every
+    allowed position whose ``score > threshold`` when a threshold is given (parallel commits)."""
+    out = topk_per_row(score, allowed, k)
+    if threshold is not None:
+        out = out | (allowed & (score > threshold))
+    return out
+
+
+def at_least_one(select: torch.Tensor, score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``select`` plus, in rows where it is empty but ``allowed`` is not, the best-``score`` position."""
+    need = allowed.any(1) & ~select.any(1)
+    return select | (top1(score, allowed) & need[:, None])
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """(B, W) Shannon entropy in nats of ``(B, W, V)`` probabilities (0 log 0 = 0)."""
+    return torch.special.entr(probs).sum(-1)
+
+
+def top2_margin(probs: torch.Tensor) -> torch.Tensor:
+    """(B, W) top-1 minus top-2 probability (Dream's ``topk_margin``)."""
+    top = probs.topk(min(2, probs.shape[-1]), dim=-1).values
+    return top[..., 0] - top[..., -1] if top.shape[-1] > 1 else top[..., 0]
+
+
+def remaskable(ctx) -> torch.Tensor:
+    """(B, W) positions a remask rule may pick without stalling the decode: written, non-prompt,
+    not edited now, inside the *active* block (M2T can refill them), in rows whose block has masks."""
+    edited = ctx.edit if ctx.edit is not None else torch.zeros_like(ctx.editable)
+    return ctx.editable & ~edited & ctx.in_block & ctx.fillable.any(1)[:, None]
+
+
+def remask_budget(ctx) -> torch.Tensor:
+    """(B,) most positions a remask rule may pick per row: commits of this step minus one."""
+    commits = ctx.commit.sum(1) if ctx.commit is not None else torch.zeros(ctx.batch_size, dtype=torch.long)
+    return (commits - 1).clamp(min=0)
+
+
+# -- per-position memory for stateful rules -------------------------------------------------
+# Rows move through blocks at different times and windows move between steps, so stateful rules
+# key what they remember by batch row (``ctx.rows``) and absolute position (``ctx.positions``).
+
+
+def remember(old: dict | None, ctx, keep: torch.Tensor, **values: torch.Tensor) -> dict:
+    """New memory ``{batch_row: {"positions": (n,), name: (n, ...)}}`` holding ``values`` at the
+    ``keep`` positions of every context row; rows not forwarded now keep their old entry.
+    ``old`` is not modified (a rule's memory is a value, not a shared object)."""
+    new = dict(old or {})
+    for r in range(ctx.batch_size):
+        k = keep[r]
+        new[int(ctx.rows[r])] = {"positions": ctx.positions[r][k], **{n: v[r][k] for n, v in values.items()}}
+    return new
+
+
+def recall(old: dict | None, ctx, name: str, fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, found)``: the remembered ``name`` at each (row, position) of the window, shaped
+    ``(B, W) + fill.shape``, and a ``(B, W)`` bool telling where something was remembered."""
+    b, w = ctx.positions.shape
+    values = fill.expand(b, w, *fill.shape).clone()
+    found = torch.zeros(b, w, dtype=torch.bool)
+    for r in range(b):
+        entry = (old or {}).get(int(ctx.rows[r]))
+        if entry is None or entry["positions"].numel() == 0:
+            continue
+        match = ctx.positions[r][:, None] == entry["positions"][None, :]  # (W, n)
+        found[r] = match.any(1)
+        idx = match.to(torch.uint8).argmax(1)
+        values[r][found[r]] = entry[name][idx[found[r]]].to(values.dtype)
+    return values, found

@@ -38,7 +38,8 @@ def test_vocab_layout(tok: PreTrainedTokenizerFast) -> None:
 def test_round_trip_random_printable(tok: PreTrainedTokenizerFast) -> None:
     rng = random.Random(0)
     samples = ["", " ", "  a  ", "\n\n", " . , ! ? 's n't ", "a\n b\n\n  c ", "<|mask", "|>"]
-    samples += ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 300))) for _ in range(300)]
+    for _ in range(300):
+        samples.append("".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 300))))
     for s in samples:
         ids = tok.encode(s)  # default add_special_tokens=True must add nothing
         assert len(ids) == len(s), s

@@ -101,7 +101,7 @@ class Task(ABC):
                     f"{self.name}: could not find {n} {split} instances in {max_attempts} draws"
                 )
             inst = self._sample(rng, split)
-            if inst is not None and split_of(self.canonical_key(inst)) == split:
+            if inst is not None and self.split_of(inst) == split:
                 out.append(inst)
         return out
 
@@ -126,8 +126,8 @@ class Task(ABC):
     def score_batch(
         self, instances: Sequence[Instance], completions: Sequence[str], workers: int = 2
     ) -> list[float]:
-        """:meth:`score` for each pair, in order. ``workers > 1`` scores in parallel threads
-        (useful when scoring waits on subprocesses, e.g. HumanEval).
+        """:meth:`score` for each pair, in order. Tasks whose scoring waits on subprocesses
+        (HumanEval) score ``workers`` pairs at a time in threads; the others score sequentially.
 
         Raises:
             ValueError: if the two sequences differ in length or ``workers < 1``.

@@ -27,13 +27,14 @@ finished without an exception. Layers of containment, outermost first:
    ``shutil.rmtree`` etc. with functions raising ``PermissionError`` and makes ``ctypes``,
    ``_posixsubprocess``, ``multiprocessing`` and ``_socket`` un-importable.
 
-The child's stdin is ``/dev/null``, its environment is minimal (``PATH``, ``LANG``, ``HOME``,
-``TMPDIR``), its working directory is a new temporary directory that is deleted afterwards, and
-its stdout/stderr go to capped files of which the tails are returned.
+The child's stdin is ``/dev/null``, its environment is minimal (``PATH``, ``LANG``,
+``LC_ALL``, ``HOME``, ``TMPDIR``), its working directory is a new temporary directory that is
+deleted afterwards, and its stdout/stderr go to capped files whose tails are returned.
+Linux only (uses ``/proc``, process groups and, when present, pidfds).
 
 A run *passes* iff the code ran to its end without raising (``SystemExit`` included, so
-``sys.exit(0)`` before the tests counts as a failure) and without timing out; only the trusted
-prelude can produce exit status 0.
+``sys.exit(0)`` before the tests counts as a failure) and without timing out; with the prelude
+installed (``os._exit`` disabled), only the trusted runner can exit with status 0.
 
 :func:`sandbox_info` reports which optional layers are active on this machine.
 """
@@ -117,6 +118,9 @@ if cfg["netns"]:
 
 def _limit(which, value):
     try:
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
         resource.setrlimit(which, (value, value))
     except (ValueError, OSError):
         pass

@@ -57,7 +57,10 @@ _DIGITS_OF = [[d + 1 for d in range(9) if m >> d & 1] for m in range(512)]
 _UNITS = (
     [[r * 9 + c for c in range(9)] for r in range(9)]
     + [[r * 9 + c for r in range(9)] for c in range(9)]
-    + [[(b // 3) * 27 + (b % 3) * 3 + r * 9 + c for r in range(3) for c in range(3)] for b in range(9)]
+    + [
+        [(b // 3) * 27 + (b % 3) * 3 + r * 9 + c for r in range(3) for c in range(3)]
+        for b in range(9)
+    ]
 )
 _PEERS = [sorted({j for u in _UNITS if i in u for j in u} - {i}) for i in range(81)]
 
@@ -99,7 +102,8 @@ class _Board:
         """
         if not self.ok:
             return 0, None
-        rows, cols, boxes, cells, empties = self.rows, self.cols, self.boxes, self.cells, self.empties
+        rows, cols, boxes = self.rows, self.cols, self.boxes
+        cells, empties = self.cells, self.empties
         restrict = restrict or {}
         found: list[list[int]] = []
         count = 0
@@ -154,7 +158,10 @@ class _Board:
 
 
 def count_solutions(grid: str | list[int], limit: int = 2) -> int:
-    """Number of solutions of ``grid`` (81 chars, ``.``/``0`` blank, or 81 ints), capped at ``limit``."""
+    """Number of solutions of ``grid``, counted up to ``limit``.
+
+    ``grid`` is 81 characters (``.`` or ``0`` = blank) or 81 ints (``0`` = blank).
+    """
     return _Board(_to_cells(grid)).search(limit)[0]
 
 
@@ -226,7 +233,7 @@ def naked_single_rounds(puzzle: str) -> int:
 
 
 def is_valid_solution(puzzle: str, answer: str) -> bool:
-    """Whether ``answer`` is 81 digits 1-9 forming a valid grid that keeps every given of ``puzzle``."""
+    """Whether ``answer`` is 81 digits 1-9 forming a valid grid that keeps ``puzzle``'s givens."""
     if len(answer) != 81 or len(puzzle) != 81 or not all("1" <= ch <= "9" for ch in answer):
         return False
     if any(p not in ".0" and p != a for p, a in zip(puzzle, answer)):

@@ -1,0 +1,132 @@
+"""Evaluate a decoding policy on a task: quality plus speed (NFE, TPF, tokens/s, edits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from dlm_toolkit.config import ConfigError, PolicyConfig
+from dlm_toolkit.decode import decode
+from dlm_toolkit.models.base import DiffusionLM
+from dlm_toolkit.policy import DecodingPolicy
+from dlm_toolkit.tasks import Task, get_task
+
+
+@dataclass
+class EvalResult:
+    """Metrics of one evaluation and one record per instance.
+
+    ``metrics``: ``accuracy`` (mean task score), ``tpf`` (generated tokens up to and including
+    EOS, summed, over NFE summed), ``nfe_mean``, ``tokens_per_second`` (generated tokens over
+    decode wall time), ``edits_per_token``, ``remasks_per_token``, ``wall_time_s``, ``n``.
+    """
+
+    metrics: dict[str, float]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def evaluate(
+    model: DiffusionLM,
+    tokenizer: Any,
+    task: Task | str,
+    policy: DecodingPolicy | PolicyConfig | str | dict | None,
+    n: int,
+    seed: int = 0,
+    *,
+    batch_size: int = 32,
+    kv_cache: bool = True,
+    progress: bool = True,
+    on_batch: Callable[[int, dict[str, float]], None] | None = None,
+) -> EvalResult:
+    """Decode ``n`` held-out (eval-split) instances of ``task`` and score them.
+
+    Args:
+        model: any DiffusionLM; ``tokenizer`` must be the one it was trained with.
+        task: a :class:`Task` or a task name.
+        n: number of eval instances (seeded by ``seed``).
+        batch_size: prompts decoded together (rows are independent, so results do not
+            depend on it).
+        on_batch: called after each batch with (instances done, running metrics); sweeps use
+            it to report intermediate quality for pruning.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ConfigError(f"n: must be an integer >= 1 (got {n!r})")
+    task = get_task(task) if isinstance(task, str) else task
+    policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
+    instances = task.instances(n, seed, "eval")
+    prompts = [tokenizer.encode(inst.prompt, add_special_tokens=False) for inst in instances]
+    gen_length = task.answer_length + 1  # room for the EOS
+    check_context(model, max(len(p) for p in prompts) + gen_length, policy, task.name)
+    records: list[dict[str, Any]] = []
+    totals = {"tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "score": 0.0, "wall": 0.0}
+    bar = tqdm(total=n, desc=f"eval {task.name}", disable=not progress, unit="inst")
+    for start in range(0, n, batch_size):
+        batch = instances[start : start + batch_size]
+        t0 = perf_counter()
+        result = decode(model, prompts[start : start + batch_size], policy, gen_length, kv_cache=kv_cache, seed=seed + start)
+        totals["wall"] += perf_counter() - t0
+        completions = [tokenizer.decode(strip_eos(r.tokens, model.eos_token_id)) for r in result.rows]
+        scores = task.score_batch(batch, completions)
+        for inst, completion, score, row in zip(batch, completions, scores, result.rows):
+            records.append({"prompt": inst.prompt, "reference": inst.reference, "completion": completion,
+                            "score": score, "nfe": row.nfe, "tokens": len(row.tokens), "edits": row.edits})
+            totals["tokens"] += len(row.tokens)
+            totals["nfe"] += row.nfe
+            totals["edits"] += row.edits
+            totals["remasks"] += row.remasks
+            totals["score"] += score
+        running = metrics_from(totals, len(records))
+        bar.update(len(batch))
+        bar.set_postfix(acc=f"{running['accuracy']:.3f}", tpf=f"{running['tpf']:.2f}")
+        if on_batch is not None:
+            on_batch(len(records), running)
+    bar.close()
+    return EvalResult(metrics_from(totals, len(records)), records)
+
+
+def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:
+    tokens = max(totals["tokens"], 1)
+    return {
+        "accuracy": totals["score"] / n,
+        "tpf": totals["tokens"] / max(totals["nfe"], 1),
+        "nfe_mean": totals["nfe"] / n,
+        "tokens_per_second": totals["tokens"] / totals["wall"] if totals["wall"] > 0 else 0.0,
+        "edits_per_token": totals["edits"] / tokens,
+        "remasks_per_token": totals["remasks"] / tokens,
+        "wall_time_s": totals["wall"],
+        "n": n,
+    }
+
+
+def strip_eos(tokens: list[int], eos_id: int) -> list[int]:
+    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+
+
+def check_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task: str) -> None:
+    """Refuse a task whose prompt + answer (rounded up to whole blocks) exceeds the model's context."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is None:
+        return
+    block = policy.blocks.block_length
+    canvas = -(-needed // block) * block
+    if canvas > limit:
+        raise ConfigError(
+            f"task '{task}' needs a canvas of {canvas} positions (prompt + answer, whole blocks of "
+            f"{block}) but the model's context is {limit} (max_position_embeddings)"
+        )
+
+
+def load_checkpoint(path: str | Path, need_tokenizer: bool = True) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a checkpoint folder; a clear error if the tokenizer is missing."""
+    from dlm_toolkit.models import load_model
+    from dlm_toolkit.tokenizer import find_tokenizer
+
+    model = load_model(path)
+    tokenizer = find_tokenizer(path)
+    if tokenizer is None and need_tokenizer:
+        raise ConfigError(f"{path}: no tokenizer files (tokenizer.json) in the checkpoint; evaluation needs one")
+    return model, tokenizer

@@ -1,0 +1,5 @@
+"""Sweep commands (being written)."""
+
+
+def register(sub) -> None:
+    pass

@@ -1,0 +1,5 @@
+"""Training command (being written)."""
+
+
+def register(sub) -> None:
+    pass
