@@ -131,7 +131,7 @@ def step_context(policy: DecodingPolicy, state: DecodeState, rows: torch.Tensor,
     block_lo, block_hi = state.block_bounds(rows)
     in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
     is_prompt = positions < state.prompt_len[rows, None]
-    sampled, confidence, logits = policy.sample(logits, state.mask_token_id, state.generator)
+    sampled, confidence, probs = policy.sample(logits, state.mask_token_id, state.generator)
     idx = positions.clamp(min=0)
     ctx = StepContext(
         rows=rows,
@@ -157,6 +157,7 @@ def step_context(policy: DecodingPolicy, state: DecodeState, rows: torch.Tensor,
         mask_token_id=state.mask_token_id,
         eos_token_id=state.eos_token_id,
     )
+    ctx.__dict__["probs"] = probs  # StepContext.probs is a cached property: computed once here
     ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx
 

@@ -66,20 +66,19 @@ class DecodingPolicy:
 
     # -- sampling ------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, mask_token_id: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sampled, confidence, logits) for ``(B, W, V)`` float32 logits.
+        """(sampled, confidence, probs) for ``(B, W, V)`` float32 logits (modified in place).
 
         Greedy at temperature 0; else Gumbel-max over top-k/top-p-filtered tempered logits
         (in float64 when ``gumbel_float64``, as LLaDA does). Confidence is the untempered
-        softmax probability of the drawn token.
+        softmax probability of the drawn token; ``probs`` is that untempered softmax.
         """
         cfg = self.sampling
         if cfg.suppress_mask:
-            logits = logits.clone()
             logits[..., mask_token_id] = float("-inf")
         probs = torch.softmax(logits, dim=-1)
         if cfg.temperature == 0.0:
             confidence, sampled = probs.max(dim=-1)
-            return sampled, confidence, logits
+            return sampled, confidence, probs
         scores = logits / cfg.temperature
         if cfg.top_k > 0 and cfg.top_k < scores.shape[-1]:
             kth = scores.topk(cfg.top_k, dim=-1).values[..., -1:]
@@ -94,7 +93,7 @@ class DecodingPolicy:
         u = torch.rand(scores.shape, generator=generator, dtype=dtype).clamp_(min=1e-20)
         sampled = (scores.to(dtype) - torch.log(-torch.log(u))).argmax(dim=-1)
         confidence = probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-        return sampled, confidence, logits
+        return sampled, confidence, probs
 
     # -- one step ------------------------------------------------------------------------
     def step(self, ctx: StepContext, memory: dict[str, Any]) -> None:

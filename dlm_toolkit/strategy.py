@@ -56,7 +56,7 @@ class StepContext:
     editable: torch.Tensor  # (B, W) written, non-prompt, inside the schedule's edit window
     sampled: torch.Tensor  # (B, W) token drawn from this forward
     confidence: torch.Tensor  # (B, W) float32 probability of `sampled`
-    logits: torch.Tensor  # (B, W, V) float32 raw logits
+    logits: torch.Tensor  # (B, W, V) float32 logits (mask token at -inf if sampling.suppress_mask)
     written_step: torch.Tensor  # (B, W) row step at which the token was written (-1: never)
     written_conf: torch.Tensor  # (B, W) confidence when it was written
     step: torch.Tensor  # (B,) forwards this row has had before this one

@@ -56,7 +56,7 @@ from typing import Annotated, Any, Literal, Mapping
 import torch
 import torch.nn.functional as F
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dlm_toolkit.config import ConfigError, flatten, validate_model
 from dlm_toolkit.models.checkpoint import save_model
@@ -159,8 +159,9 @@ class TrainConfig(BaseModel):
             raise ValueError(f"mask_rate: need 0 <= lo <= hi <= 1 and hi > 0, got {list(self.mask_rate)}")
         try:
             self.llada2_config()
-        except ValueError as err:  # the model's own consistency checks, e.g. "n_group: must divide ..."
-            raise ValueError(str(err).split("\n")[-1].strip()) from None
+        except ValidationError as err:  # the model's own consistency checks, e.g. "n_group: must divide ..."
+            first = err.errors()[0]
+            raise ValueError(str(first.get("ctx", {}).get("error", first["msg"]))) from None
         for name in self.tasks:
             try:
                 self.task(name)
@@ -504,7 +505,7 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
             update_router_bias(model, trace, batch.valid, config.router_bias_rate)
             del trace, logits
 
-            loss_value = float(loss)
+            loss_value = loss.item()
             window.append(loss_value)
             for k, v in stats.items():
                 stats_window.setdefault(f"{name}/{k}", []).append(v)

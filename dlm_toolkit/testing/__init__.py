@@ -4,4 +4,16 @@ from dlm_toolkit.testing.context import make_context
 from dlm_toolkit.testing.models import tiny_llada2, tiny_llada2_config
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits, table_logits
 
-__all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "ScriptedLM", "mixing_logits", "table_logits"]
+__all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "ScriptedLM", "mixing_logits", "table_logits",
+           "UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract"]
+
+_CONTRACTS = ("UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract")
+
+
+def __getattr__(name: str):
+    """The contract suites import pytest, so they load on first use only."""
+    if name in _CONTRACTS:
+        from dlm_toolkit.testing import contracts
+
+        return getattr(contracts, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,225 @@
+"""Every built-in strategy through the contract suites that plug-in authors subclass."""
+
+import pytest
+
+from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
+from dlm_toolkit.testing import BlockScheduleContract, EditRuleContract, RemaskRuleContract, UnmaskRuleContract
+
+# -- m2t -------------------------------------------------------------------------------------
+
+
+class TestThreshold(UnmaskRuleContract):
+    rule_factory = M2T.get("threshold")
+    configs = [{}, {"threshold": 0.3}, {"threshold": 1.0}]
+
+
+class TestTopK(UnmaskRuleContract):
+    rule_factory = M2T.get("topk")
+    configs = [{"steps_per_block": 4}, {"steps_per_block": 2, "schedule": "cosine"}, {"steps_per_block": 3, "ranking": "random"}]
+
+    def is_random(self, rule):
+        return rule.config.ranking == "random"
+
+
+class TestFactor(UnmaskRuleContract):
+    rule_factory = M2T.get("factor")
+    configs = [{}, {"factor": 0.2}, {"factor": 8.0}]
+
+
+class TestMargin(UnmaskRuleContract):
+    rule_factory = M2T.get("margin")
+    configs = [{"steps_per_block": 4}, {"steps_per_block": 8, "schedule": "cosine", "threshold": 0.5}]
+
+
+class TestEntropy(UnmaskRuleContract):
+    rule_factory = M2T.get("entropy")
+    configs = [{"steps_per_block": 4}, {"steps_per_block": 8, "threshold": 0.5}]
+
+
+class TestEntropyBound(UnmaskRuleContract):
+    rule_factory = M2T.get("entropy_bound")
+    configs = [{}, {"gamma": 2.0, "proxy": "confidence"}, {"gamma": 0.0, "proxy": "margin"}]
+
+
+class TestKlass(UnmaskRuleContract):
+    rule_factory = M2T.get("klass")
+    configs = [{}, {"threshold": 0.3, "kl_threshold": 0.05, "history": 1}]
+
+
+class TestHierarchy(UnmaskRuleContract):
+    rule_factory = M2T.get("hierarchy")
+    configs = [{}, {"threshold": 0.6, "low_threshold": 0.0}]
+
+
+class TestCredit(UnmaskRuleContract):
+    rule_factory = M2T.get("credit")
+    configs = [{}, {"threshold": 0.5, "alpha": 2.0, "beta": 0.5}]
+
+
+class TestAncestral(UnmaskRuleContract):
+    rule_factory = M2T.get("ancestral")
+    configs = [{"steps_per_block": 4}, {"steps_per_block": 1}]
+    uses_randomness = True
+
+
+# -- t2t -------------------------------------------------------------------------------------
+
+
+class TestNoEdit(EditRuleContract):
+    rule_factory = T2T.get("none")
+
+
+class TestThresholdEdit(EditRuleContract):
+    rule_factory = T2T.get("threshold")
+    configs = [{}, {"threshold": 0.0}]
+
+
+class TestMarginEdit(EditRuleContract):
+    rule_factory = T2T.get("margin")
+    configs = [{}, {"delta": 0.0}]
+
+
+# -- remask ----------------------------------------------------------------------------------
+
+
+class TestNoRemask(RemaskRuleContract):
+    rule_factory = REMASK.get("none")
+
+
+class TestLowConfidenceRemask(RemaskRuleContract):
+    rule_factory = REMASK.get("low_confidence")
+    configs = [{}, {"threshold": 0.5}]
+
+
+class TestReMDM(RemaskRuleContract):
+    rule_factory = REMASK.get("remdm")
+    configs = [{"eta": 0.5}, {"schedule": "rescale", "eta": 1.0}, {"schedule": "conf"}]
+    uses_randomness = True
+
+
+# -- blocks ----------------------------------------------------------------------------------
+
+
+class TestSemiAR(BlockScheduleContract):
+    rule_factory = BLOCKS.get("semi_ar")
+    configs = [{"block_length": 4, "max_post_steps": 2}, {"block_length": 3, "max_post_steps": 0, "align": "prompt", "eos_early_stop": False}]
+
+
+if "multi_block_edit" in BLOCKS.names():
+
+    class TestMultiBlockEdit(BlockScheduleContract):
+        rule_factory = BLOCKS.get("multi_block_edit")
+        configs = [{"block_length": 4, "max_post_steps": 2, "edit_blocks": 1}, {"block_length": 3, "edit_blocks": 2}]
+
+
+def test_every_builtin_is_covered():
+    covered = {
+        (cls.role, cls.rule_factory.registered_name)
+        for cls in globals().values()
+        if isinstance(cls, type) and cls.__name__.startswith("Test") and getattr(cls, "rule_factory", None)
+    }
+    from dlm_toolkit.registry import REGISTRIES
+
+    builtin = {(role, e.name) for role, reg in REGISTRIES.items() for e in reg.entries() if e.source == "built-in"}
+    assert builtin <= covered, f"built-in strategies without a contract test: {sorted(builtin - covered)}"
+
+
+def test_at_least_ten_commit_rules():
+    assert len([e for e in M2T.entries() if e.source == "built-in"]) >= 10
+
+
+@pytest.mark.parametrize("name", ["UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract"])
+def test_suites_are_not_collected_themselves(name):
+    assert not name.startswith("Test")
+
+
+# -- the suites catch broken rules -------------------------------------------------------------
+
+import torch  # noqa: E402
+
+from dlm_toolkit import EditRule, RemaskRule, StrategyConfig, UnmaskRule  # noqa: E402
+from dlm_toolkit.selection import top1  # noqa: E402
+
+
+class _NoFallback(UnmaskRule):
+    def __call__(self, ctx):
+        return ctx.fillable & (ctx.confidence > 0.5)
+
+
+class _CommitsPrompt(UnmaskRule):
+    def __call__(self, ctx):
+        return top1(ctx.confidence, ctx.fillable) | ctx.is_prompt
+
+
+class _BatchCoupled(UnmaskRule):  # normalises by the batch-wide maximum
+    def __call__(self, ctx):
+        score = ctx.confidence / ctx.confidence[ctx.fillable].max().clamp(min=1e-9) if ctx.fillable.any() else ctx.confidence
+        return (ctx.fillable & (score > 0.8)) | top1(ctx.confidence, ctx.fillable)
+
+
+class _SecretlyRandom(UnmaskRule):
+    def __call__(self, ctx):
+        return top1(torch.rand(ctx.confidence.shape, generator=ctx.generator), ctx.fillable)
+
+
+class _Stateful(UnmaskRule):
+    def __call__(self, ctx):
+        self.calls = getattr(self, "calls", 0) + 1
+        return top1(ctx.confidence, ctx.fillable)
+
+
+class _EditsMasks(EditRule):
+    def __call__(self, ctx):
+        return ctx.masked | ctx.editable
+
+
+class _GreedyRemask(RemaskRule):
+    def __call__(self, ctx):
+        return ctx.editable & ~ctx.edit & ctx.fillable.any(1)[:, None]
+
+
+class _Unbounded(UnmaskRule):
+    class Config(StrategyConfig):
+        threshold: float = 0.5  # no range: nothing to reject, the test skips
+
+    def __call__(self, ctx):
+        return top1(ctx.confidence, ctx.fillable)
+
+
+def _suite(base, rule_cls):
+    return type("Suite", (base,), {"rule_factory": rule_cls, "n_cases": 12})()
+
+
+@pytest.mark.parametrize(
+    "base, rule_cls, test",
+    [
+        (UnmaskRuleContract, _NoFallback, "test_selection_contract_on_random_contexts"),
+        (UnmaskRuleContract, _CommitsPrompt, "test_selection_contract_on_random_contexts"),
+        (UnmaskRuleContract, _BatchCoupled, "test_batch_invariance"),
+        (UnmaskRuleContract, _SecretlyRandom, "test_ignores_seed_unless_random"),
+        (EditRuleContract, _EditsMasks, "test_selection_contract_on_random_contexts"),
+        (RemaskRuleContract, _GreedyRemask, "test_selection_contract_on_random_contexts"),
+    ],
+)
+def test_suites_reject_broken_rules(base, rule_cls, test):
+    suite = _suite(base, rule_cls)
+    with pytest.raises(AssertionError):
+        getattr(suite, test)()
+
+
+def test_suite_rejects_state_on_the_rule_object():
+    M2T.register("_contract_stateful")(_Stateful)
+    with pytest.raises(AssertionError, match="keeps attributes"):
+        _suite(UnmaskRuleContract, _Stateful).test_keeps_no_state()
+
+
+def test_suite_skips_range_check_without_bounds():
+    with pytest.raises(pytest.skip.Exception):
+        _suite(UnmaskRuleContract, _Unbounded).test_rejects_out_of_range_values()
+
+
+def test_suite_rejects_subclass_inheriting_a_registered_name():
+    inherited = type("InheritsThreshold", (M2T.get("threshold"),), {"__module__": __name__})
+    globals()["InheritsThreshold"] = inherited
+    with pytest.raises(AssertionError, match="resolves to"):
+        _suite(UnmaskRuleContract, inherited).test_config_round_trip()
