@@ -52,7 +52,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from dlm_toolkit.tokenizer import find_tokenizer
 
     policy = policy_from_args(args)
-    model = load_model(args.checkpoint)
+    model = load_model(args.checkpoint, mask_token_id=args.mask_id, eos_token_id=args.eos_id)
     tokenizer = find_tokenizer(args.checkpoint)
     if args.prompt_ids is not None:
         prompt = parse_ids(args.prompt_ids)
@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text (needs tokenizer files in the checkpoint)")
     p.add_argument("--gen-length", type=int, required=True)
     add_policy_args(p)
+    p.add_argument("--mask-id", type=int, help="mask token id (default: from config.json or the tokenizer)")
+    p.add_argument("--eos-id", type=int, help="EOS token id (default: from config.json or the tokenizer)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the prefix every forward")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -38,6 +38,7 @@ __all__ = [
     "UNK_TOKEN",
     "VOCAB_SIZE",
     "build_char_tokenizer",
+    "find_tokenizer",
     "load_tokenizer",
     "save_tokenizer",
     "special_ids",
@@ -151,6 +152,18 @@ def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     _check(tok)
     return tok
+
+
+def find_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast | None:
+    """The tokenizer stored in a checkpoint folder, or None when it has no ``tokenizer.json``.
+
+    Any ``tokenizers``-format tokenizer loads (our character one or a real model's BPE); no
+    remote code is ever run.
+    """
+    path = Path(directory)
+    if not (path / "tokenizer.json").is_file():
+        return None
+    return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
 
 
 def special_ids(tok: PreTrainedTokenizerFast) -> tuple[int, int]:

@@ -60,17 +60,17 @@ def random_case(seed: int) -> dict[str, Any]:
     """
     g = random.Random(seed)
     tg = torch.Generator().manual_seed(seed)
-    b, w, v = g.randint(1, 4), g.randint(2, 12), g.randint(6, 16)
+    b, w, v = g.choice([1, 2, 3, 3, 4]), g.randint(2, 12), g.randint(6, 16)
     mask_id, eos_id = v - 1, v - 2
-    lo = g.randint(0, w - 1)
+    lo = g.randint(0, w - 1) if g.random() < 0.3 else g.randint(0, w // 2)
     pos = torch.arange(w)
     in_block = (pos >= lo).expand(b, w).clone()
-    prompt_len = torch.tensor([g.choice([0, 1, lo, g.randint(0, w), w]) for _ in range(b)])
+    prompt_len = torch.tensor([w if g.random() < 0.1 else g.choice([0, 1, lo, g.randint(0, lo + 1)]) for _ in range(b)])
     is_prompt = pos[None, :] < prompt_len[:, None]
-    rate = torch.tensor([g.choice([0.0, 0.3, 0.7, 1.0]) for _ in range(b)])[:, None]
+    rate = torch.tensor([g.choice([0.0, 0.3, 0.6, 0.8, 1.0, 1.0]) for _ in range(b)])[:, None]
     masked = in_block & ~is_prompt & (torch.rand(b, w, generator=tg) < rate)
     tokens = torch.randint(0, v - 1, (b, w), generator=tg).masked_fill(masked, mask_id)
-    kind = g.choice(["flat", "peaked", "mixed", "uniform", "onehot"])
+    kind = g.choice(["flat", "peaked", "mixed", "mixed", "mixed", "uniform", "onehot"])
     if kind == "uniform":
         logits = torch.zeros(b, w, v)
     elif kind == "onehot":
@@ -123,6 +123,9 @@ def advance(case: dict[str, Any], ctx: StepContext, seed: int) -> dict[str, Any]
     new = dict(case)
     tokens = torch.where(ctx.commit | ctx.edit, ctx.sampled, case["tokens"])
     new["tokens"] = tokens.masked_fill(ctx.remask, case["mask_token_id"])
+    wrote = ctx.commit | ctx.edit
+    new["written_step"] = torch.where(wrote, case["step"][:, None], case["written_step"]).masked_fill(ctx.remask, -1)
+    new["written_conf"] = torch.where(wrote, ctx.confidence, case["written_conf"]).masked_fill(ctx.remask, 0.0)
     nudge = (torch.rand(case["tokens"].shape, generator=tg) < 0.5)[..., None]
     noise = torch.randn(case["logits"].shape, generator=tg) * 0.05
     new["logits"] = torch.where(nudge, case["logits"] + noise, case["logits"])
@@ -208,13 +211,18 @@ class _StrategyContract:
             pytest.skip("the Config has no numeric bounds")
 
     def test_keeps_no_state(self):
-        # exercised by the other tests too; here a quick end-to-end run then a look at the object
         for rule in self.rules():
-            self._decode(rule, seed=0, prompts=[[1, 2, 3]], gen_length=6)
-            assert set(vars(rule)) <= {"config"}, (
-                f"{rule!r} keeps attributes {sorted(set(vars(rule)) - {'config'})}: per-decode state belongs in "
-                "Selection.memory / DecodeState, so one policy can serve concurrent decodes"
-            )
+            policy = self.policy_for(rule)
+            self._decode(rule, seed=0, prompts=[[1, 2, 3], [4, 5]], gen_length=7, policy=policy)
+            objects = [rule, getattr(policy, self.role)]
+            if isinstance(self, _RuleContract):
+                self.run_case(rule, random_case(1), 1)
+            for obj in objects:
+                extra = sorted(set(vars(obj)) - {"config"})
+                assert not extra, (
+                    f"{obj!r} keeps attributes {extra}: per-decode state belongs in Selection.memory / "
+                    "DecodeState, so one policy can serve concurrent decodes"
+                )
 
     # -- end-to-end -------------------------------------------------------------------------
     def policy_for(self, rule: Strategy) -> DecodingPolicy:
@@ -224,10 +232,11 @@ class _StrategyContract:
     def is_random(self, rule: Strategy) -> bool:
         return bool(getattr(self, "uses_randomness", False))
 
-    def _decode(self, rule: Strategy, seed: int, prompts: list[list[int]], gen_length: int, attention: str = "block_causal"):
+    def _decode(self, rule: Strategy, seed: int, prompts: list[list[int]], gen_length: int, attention: str = "block_causal",
+                policy: DecodingPolicy | None = None):
         vocab = 24
         model = ScriptedLM(mixing_logits(vocab, seed=seed, scale=2.5, mix=2.0), vocab, vocab - 1, vocab - 2, attention=attention)  # type: ignore[arg-type]
-        return decode(model, prompts, self.policy_for(rule), gen_length, seed=seed)
+        return decode(model, prompts, policy or self.policy_for(rule), gen_length, seed=seed)
 
     def test_decode_end_to_end(self):
         for n, rule in enumerate(self.rules()):

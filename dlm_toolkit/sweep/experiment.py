@@ -1,0 +1,563 @@
+"""Experiment files: what a sweep evaluates, what it searches and how it scores a trial.
+
+An experiment is a YAML file (see ``experiments/README.md`` for a walk-through)::
+
+    name: quickstart                      # default study name (default: the file's stem)
+    model: ../checkpoints/testbed-editable  # relative paths: against THIS FILE's folder
+    task: add                             # dlm_toolkit.tasks name; task_args: {...} for its constructor
+    n: 48                                 # eval instances per trial (seeded by `seed`)
+    seed: 0
+    batch_size: 16                        # results do not depend on it; pruning acts per batch
+    base_policy: llada2.1-q               # preset name, policy file, or an inline policy dict
+    search_space:                         # flat config keys, as in `--set`
+      m2t.params.threshold: {float: [0.3, 0.99]}          # optional: log: true, step: 0.05
+      t2t.name: {categorical: [none, threshold]}
+      t2t.params.threshold: {float: [0.0, 0.95], when: {t2t.name: threshold}}
+      blocks.params.block_length: {categorical: [8, 16, 32]}
+    objectives: {accuracy: maximize, tpf: maximize}       # the default
+    sampler: nsga2                        # or {name: tpe, seed: 0, options: {...}}; random; grid
+    pruning: {rule: threshold, min_quality: 0.05, after: 16}   # default: {rule: none}
+    presets_to_enqueue: [llada2.1-s, llada2.1-q]          # the default
+    n_trials: 24                          # default for `dlm sweep --n-trials`
+
+Paths: ``model``, a ``base_policy`` file and preset files are resolved against the folder of
+the YAML file (an experiment built from a dict resolves them against ``base_dir``, by default
+the current folder), and stored as absolute paths in the study.
+
+Everything is checked by :func:`load_experiment` before any trial runs; every problem is a
+:class:`~dlm_toolkit.config.ConfigError` naming the key, the value and what is allowed.
+Checks that need the outside world (checkpoint, storage, tracking store) are in
+:func:`dlm_toolkit.sweep.study.check_resources`.
+
+Search-space semantics:
+
+* ``ROLE.name`` must be ``categorical`` over registered rule names (or ``package.module:Class``).
+  When a trial picks the base policy's rule, the base policy's params for that role are kept;
+  when it picks another rule, that rule starts from its defaults (as ``--set ROLE.name=X``).
+* ``ROLE.params.FIELD`` must exist in every rule it can be combined with: the base policy's
+  rule, or each choice of the space's ``ROLE.name`` (narrowed by ``when: {ROLE.name: ...}``).
+* ``float``/``int`` ranges must lie inside the field's allowed range; categorical values must
+  each be valid for the field.
+* ``when: {KEY: VALUE or [VALUES]}``: the key is only sampled in trials where every listed
+  ``KEY`` (a categorical key of the same space) took one of the listed values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic.fields import FieldInfo
+
+import annotated_types as at
+
+from dlm_toolkit.config import (
+    ROLES,
+    ConfigError,
+    PolicyConfig,
+    SamplingConfig,
+    describe_range,
+    load_policy,
+    validate_model,
+)
+
+METRICS = (
+    "accuracy",
+    "tpf",
+    "nfe_mean",
+    "tokens_per_second",
+    "edits_per_token",
+    "remasks_per_token",
+    "wall_time_s",
+)
+"""Metrics of :func:`dlm_toolkit.evaluate.evaluate` that can be objectives."""
+
+SAMPLERS = ("nsga2", "tpe", "random", "grid")
+DEFAULT_OBJECTIVES = {"accuracy": "maximize", "tpf": "maximize"}
+DEFAULT_PRESETS = ("llada2.1-s", "llada2.1-q")
+DEFAULT_NSGA2_POPULATION = 10  # Optuna's 50 would make a 50-trial sweep one random generation
+
+CategoricalValue = Union[None, bool, int, float, str]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class ParamSpec(_Frozen):
+    """One search-space entry: exactly one of ``float``, ``int``, ``categorical``."""
+
+    float_: tuple[float, float] | None = Field(None, alias="float")
+    int_: tuple[int, int] | None = Field(None, alias="int")
+    categorical: tuple[CategoricalValue, ...] | None = None
+    log: bool = False
+    step: float | None = Field(None, gt=0)
+    when: dict[str, Union[CategoricalValue, tuple[CategoricalValue, ...]]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ParamSpec:
+        kinds = [k for k, v in (("float", self.float_), ("int", self.int_), ("categorical", self.categorical))
+                 if v is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"give exactly one of float: [lo, hi], int: [lo, hi], categorical: [...] "
+                             f"(got {', '.join(kinds) or 'none'})")
+        if self.categorical is not None:
+            if not self.categorical:
+                raise ValueError("categorical: needs at least one value")
+            if len(set(map(repr, self.categorical))) != len(self.categorical):
+                raise ValueError(f"categorical: values repeat: {list(self.categorical)}")
+            if self.log or self.step is not None:
+                raise ValueError("log/step apply to float and int ranges only")
+            return self
+        lo, hi = self.float_ if self.float_ is not None else self.int_
+        if not lo <= hi:
+            raise ValueError(f"range [{lo}, {hi}]: low must be <= high")
+        if self.log and lo <= 0:
+            raise ValueError(f"range [{lo}, {hi}]: log: true needs low > 0")
+        if self.log and self.step is not None:
+            raise ValueError("log: true and step cannot be combined (Optuna)")
+        if self.int_ is not None and self.step is not None and self.step != int(self.step):
+            raise ValueError(f"step {self.step}: an int range needs an integer step")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "float" if self.float_ is not None else "int" if self.int_ is not None else "categorical"
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        return self.float_ if self.float_ is not None else self.int_
+
+    def conditions(self) -> dict[str, tuple[Any, ...]]:
+        """``when`` with every value as a tuple of allowed values."""
+        return {k: v if isinstance(v, tuple) else (v,) for k, v in self.when.items()}
+
+    def active(self, values: Mapping[str, Any]) -> bool:
+        """Whether this key is sampled, given the values already chosen for other keys."""
+        return all(k in values and _same_choice(values[k], allowed) for k, allowed in self.conditions().items())
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is a point of this entry (for enqueuing presets)."""
+        if self.categorical is not None:
+            return _same_choice(value, self.categorical)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        lo, hi = self.bounds
+        if self.int_ is not None and value != int(value):
+            return False
+        if not lo <= value <= hi:
+            return False
+        if self.step is not None:
+            k = (value - lo) / self.step
+            return abs(k - round(k)) < 1e-9
+        return True
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        """Ask an Optuna trial for this key's value."""
+        if self.categorical is not None:
+            return trial.suggest_categorical(name, list(self.categorical))
+        if self.int_ is not None:
+            return trial.suggest_int(name, self.int_[0], self.int_[1], step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(name, self.float_[0], self.float_[1], step=self.step, log=self.log)
+
+    def grid_values(self) -> list[Any] | None:
+        """The finite set of values (for the grid sampler), or None for a continuous float."""
+        if self.categorical is not None:
+            return list(self.categorical)
+        if self.int_ is not None:
+            return list(range(self.int_[0], self.int_[1] + 1, int(self.step or 1)))
+        if self.step is None:
+            return None
+        lo, hi = self.float_
+        count = int(math.floor((hi - lo) / self.step + 1e-9)) + 1
+        return [round(lo + i * self.step, 12) for i in range(count)]
+
+    def describe(self) -> str:
+        if self.categorical is not None:
+            return f"categorical {list(self.categorical)}"
+        extra = (" log" if self.log else "") + (f" step {self.step}" if self.step is not None else "")
+        return f"{self.kind} [{self.bounds[0]}, {self.bounds[1]}]{extra}"
+
+
+def _same_choice(value: Any, choices: tuple[Any, ...]) -> bool:
+    """``value in choices`` without ``True == 1`` / ``1 == 1.0`` confusions across types."""
+    return any(value == c and type(value) is type(c) or (_num(value) and _num(c) and value == c)
+               for c in choices)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class SamplerSpec(_Frozen):
+    """``nsga2`` (default), ``tpe``, ``random`` or ``grid``; ``seed``; constructor ``options``.
+
+    A string is accepted as shorthand for ``{name: ...}``. With several workers, worker ``k``
+    uses ``seed + k`` so the workers do not propose the same points.
+    """
+
+    name: Literal["nsga2", "tpe", "random", "grid"] = "nsga2"
+    seed: int | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+class Pruning(_Frozen):
+    """Stopping unpromising trials early, on the running accuracy after each evaluated batch.
+
+    * ``none`` (default).
+    * ``threshold``: stop a trial whose running accuracy is below ``min_quality`` once at
+      least ``after`` instances are done. Works with any number of objectives.
+    * ``median``: Optuna's ``MedianPruner`` on the running value of the single objective
+      (``n_startup_trials`` complete trials first, ``after`` = warm-up instances). Optuna does
+      not support pruning multi-objective studies, so ``median`` needs exactly one objective.
+
+    Pruned trials count toward ``n_trials`` and never enter the Pareto front.
+    """
+
+    rule: Literal["none", "threshold", "median"] = "none"
+    min_quality: float | None = Field(None, ge=0.0, le=1.0)
+    after: int = Field(1, ge=1)
+    n_startup_trials: int = Field(5, ge=0)
+
+    @model_validator(mode="after")
+    def _needs(self) -> Pruning:
+        if self.rule == "threshold" and self.min_quality is None:
+            raise ValueError("pruning: rule 'threshold' needs min_quality (stop a trial whose running "
+                             "accuracy is below it after `after` instances)")
+        if self.rule != "threshold" and self.min_quality is not None:
+            raise ValueError(f"pruning: min_quality only applies to rule 'threshold' (rule is {self.rule!r})")
+        return self
+
+
+class Experiment(_Frozen):
+    """A validated sweep experiment; build it with :func:`load_experiment`."""
+
+    name: str | None = None
+    model: str
+    task: str
+    task_args: dict[str, Any] = Field(default_factory=dict)
+    n: int = Field(64, ge=1)
+    seed: int = 0
+    batch_size: int = Field(32, ge=1)
+    base_policy: Union[str, dict[str, Any]] = "llada2.1-q"
+    search_space: dict[str, ParamSpec]
+    objectives: dict[str, Literal["maximize", "minimize"]] = Field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    pruning: Pruning = Field(default_factory=Pruning)
+    presets_to_enqueue: tuple[str, ...] = DEFAULT_PRESETS
+    n_trials: int | None = Field(None, ge=1)
+    mlflow_experiment: str = "dlm-sweep"
+
+    _source: Path | None = PrivateAttr(None)
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError(f"objectives: give at least one of {', '.join(METRICS)}")
+        unknown = [k for k in v if k not in METRICS]
+        if unknown:
+            raise ValueError(f"objectives: unknown metric {unknown[0]!r}; available: {', '.join(METRICS)}")
+        return v
+
+    @field_validator("search_space")
+    @classmethod
+    def _space(cls, v: dict[str, ParamSpec]) -> dict[str, ParamSpec]:
+        if not v:
+            raise ValueError("search_space: empty; give at least one flat key, e.g. "
+                             "m2t.params.threshold: {float: [0.3, 0.99]}")
+        return v
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def source(self) -> Path | None:
+        """The YAML file this experiment was read from, if any."""
+        return self._source
+
+    @property
+    def default_name(self) -> str:
+        return self.name or (self._source.stem if self._source else "dlm-sweep")
+
+    @property
+    def directions(self) -> list[str]:
+        return list(self.objectives.values())
+
+    @property
+    def metric_names(self) -> list[str]:
+        return list(self.objectives)
+
+    def base(self) -> PolicyConfig:
+        return load_policy(self.base_policy)
+
+    def key_order(self) -> list[str]:
+        """Search-space keys in an order where every ``when`` key comes before its dependants."""
+        order: list[str] = []
+        pending = dict(self.search_space)
+        while pending:
+            ready = [k for k, s in pending.items() if all(c in order for c in s.when)]
+            if not ready:
+                raise ConfigError(f"search_space: circular 'when' conditions among {sorted(pending)}")
+            for k in ready:
+                order.append(k)
+                del pending[k]
+        return order
+
+    def settings(self) -> dict[str, Any]:
+        """JSON-able dict of everything (stored in the study so that replay/resume can use it)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+    def result_settings(self) -> dict[str, Any]:
+        """The settings that decide a trial's results; a study cannot be resumed with others."""
+        s = self.settings()
+        return {k: s[k] for k in ("model", "task", "task_args", "n", "seed", "batch_size", "base_policy",
+                                  "search_space", "objectives")}
+
+
+def load_experiment(
+    source: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    base_dir: str | Path | None = None,
+) -> Experiment:
+    """Read, resolve and validate an experiment.
+
+    Args:
+        source: a YAML file path or an already-parsed dict.
+        overrides: flat-key overrides of the base policy (``dlm sweep --set``).
+        base_dir: folder for relative paths of a dict source (default: current folder).
+
+    Raises:
+        ConfigError: unreadable file, unknown keys, bad values, search-space keys that do not
+            exist in the policy schema, ranges outside a field's allowed range, unknown task,
+            sampler or preset, ... (no trial has run yet).
+    """
+    path: Path | None = None
+    if isinstance(source, Mapping):
+        data = dict(source)
+        folder = Path(base_dir or ".").resolve()
+        where = "experiment"
+    else:
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read experiment file {path}: {err.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        folder = path.resolve().parent
+        where = str(path)
+    data = _resolve_paths(data, folder)
+    try:
+        exp = validate_model(Experiment, data)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    try:
+        base = load_policy(exp.base_policy, overrides or {})
+    except ConfigError as err:
+        raise ConfigError(f"{where}: base_policy: {err}") from None
+    exp = exp.model_copy(update={"base_policy": base.model_dump(mode="json")})
+    exp._source = path.resolve() if path is not None else None
+    try:
+        validate_experiment(exp)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return exp
+
+
+def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    data = dict(data)
+
+    def resolve(value: Any) -> Any:
+        return str((folder / value).resolve()) if isinstance(value, str) and not Path(value).is_absolute() else value
+
+    if isinstance(data.get("model"), str):
+        data["model"] = resolve(data["model"])
+    if isinstance(data.get("base_policy"), str) and _is_file(data["base_policy"]):
+        data["base_policy"] = resolve(data["base_policy"])
+    if isinstance(data.get("presets_to_enqueue"), list):
+        data["presets_to_enqueue"] = [resolve(p) if _is_file(p) else p for p in data["presets_to_enqueue"]]
+    return data
+
+
+def _is_file(name: Any) -> bool:
+    return isinstance(name, str) and Path(name).suffix in (".json", ".yaml", ".yml")
+
+
+# -- validation --------------------------------------------------------------------------------
+def validate_experiment(exp: Experiment) -> None:
+    """All checks that need nothing but the code: space, task, presets, sampler, pruning."""
+    base = exp.base()
+    for key in exp.search_space:
+        _check_conditions(exp, key)
+    exp.key_order()
+    for key in exp.search_space:
+        _check_key(exp, base, key)
+    _check_task(exp)
+    for preset in exp.presets_to_enqueue:
+        try:
+            load_policy(preset)
+        except ConfigError as err:
+            raise ConfigError(f"presets_to_enqueue: {err}") from None
+    _check_sampler(exp)
+    if exp.pruning.rule == "median" and len(exp.objectives) != 1:
+        raise ConfigError(
+            f"pruning: rule 'median' needs exactly one objective (got {len(exp.objectives)}: "
+            f"{', '.join(exp.objectives)}); Optuna cannot prune multi-objective studies. "
+            "Use {rule: threshold, min_quality: X, after: K} instead"
+        )
+
+
+def _check_task(exp: Experiment) -> None:
+    from dlm_toolkit.tasks import get_task
+
+    try:
+        get_task(exp.task, **exp.task_args)
+    except ValueError as err:
+        raise ConfigError(f"task: {err}") from None
+    except TypeError as err:
+        raise ConfigError(f"task_args: {err}") from None
+
+
+def _check_sampler(exp: Experiment) -> None:
+    import optuna
+
+    spec = exp.sampler
+    cls = {"nsga2": optuna.samplers.NSGAIISampler, "tpe": optuna.samplers.TPESampler,
+           "random": optuna.samplers.RandomSampler, "grid": optuna.samplers.GridSampler}[spec.name]
+    params = inspect.signature(cls).parameters
+    reserved = {"seed", "search_space"}
+    for opt in spec.options:
+        if opt not in params or opt in reserved:
+            allowed = sorted(p for p in params if p not in reserved)
+            raise ConfigError(f"sampler.options: unknown option {opt!r} for sampler {spec.name!r} "
+                              f"(accepted: {', '.join(allowed) or 'none'})")
+    if spec.name == "grid":
+        for key, s in exp.search_space.items():
+            if s.grid_values() is None:
+                raise ConfigError(f"sampler: grid needs a finite search space, but search_space.{key} is a "
+                                  f"continuous {s.describe()}; give it a step or make it categorical")
+
+
+def _rule_class(role: str, name: Any, where: str) -> type:
+    from dlm_toolkit.registry import REGISTRIES
+
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: rule names are strings, got {name!r}")
+    try:
+        return REGISTRIES[role].get(name)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _check_conditions(exp: Experiment, key: str) -> None:
+    spec = exp.search_space[key]
+    where = f"search_space.{key}"
+    for cond, allowed in spec.conditions().items():
+        parent = exp.search_space.get(cond)
+        if parent is None or parent.categorical is None:
+            raise ConfigError(f"{where}: when: {cond!r} must be a categorical key of the search space "
+                              f"(categorical keys: {', '.join(k for k, s in exp.search_space.items() if s.categorical) or 'none'})")
+        bad = [v for v in allowed if not _same_choice(v, parent.categorical)]
+        if bad:
+            raise ConfigError(f"{where}: when: {cond} = {bad[0]!r} is not one of its choices {list(parent.categorical)}")
+
+
+def _check_key(exp: Experiment, base: PolicyConfig, key: str) -> None:
+    spec = exp.search_space[key]
+    where = f"search_space.{key}"
+    parts = key.split(".")
+    top = parts[0]
+    if top not in (*ROLES, "sampling"):
+        raise ConfigError(f"{where}: unknown key (top level must be one of {', '.join((*ROLES, 'sampling'))})")
+    if top == "sampling":
+        if len(parts) != 2 or parts[1] not in SamplingConfig.model_fields:
+            raise ConfigError(f"{where}: unknown key; sampling fields: {', '.join(SamplingConfig.model_fields)}")
+        _check_field(spec, where, SamplingConfig, parts[1], "sampling")
+        return
+    if parts[1:] == ["name"]:
+        if spec.categorical is None:
+            raise ConfigError(f"{where}: a rule name must be categorical, e.g. {{categorical: [none, threshold]}}")
+        for name in spec.categorical:
+            _rule_class(top, name, where)
+        return
+    if len(parts) != 3 or parts[1] != "params":
+        raise ConfigError(f"{where}: role keys are '{top}.name' or '{top}.params.FIELD'")
+    field = parts[2]
+    name_key = f"{top}.name"
+    if name_key in spec.conditions():
+        rules, why = spec.conditions()[name_key], f"allowed by when: {{{name_key}: ...}}"
+    elif name_key in exp.search_space:
+        rules, why = exp.search_space[name_key].categorical, f"a choice of {name_key}"
+    else:
+        rules, why = (getattr(base, top).name,), "the base policy's rule"
+    for rule_name in rules:
+        cls = _rule_class(top, rule_name, where)
+        fields = cls.Config.model_fields
+        if field not in fields:
+            hint = (f"; add when: {{{name_key}: [...]}} to sample it only with rules that have it"
+                    if name_key in exp.search_space else "")
+            raise ConfigError(f"{where}: {top} rule '{rule_name}' ({why}) has no field '{field}' "
+                              f"(its fields: {', '.join(fields) or 'none'}){hint}")
+        _check_field(spec, where, cls.Config, field, f"{top} rule '{rule_name}'")
+
+
+def _check_field(spec: ParamSpec, where: str, config: type[BaseModel], field: str, owner: str) -> None:
+    info = config.model_fields[field]
+    allowed = describe_range(info)
+    if spec.categorical is not None:
+        for value in spec.categorical:
+            problem = _field_problem(config, field, value)
+            if problem:
+                raise ConfigError(f"{where}: categorical value {value!r} is not valid for {owner} field "
+                                  f"'{field}': {problem}")
+        return
+    ann = info.annotation
+    if ann not in (int, float):
+        raise ConfigError(f"{where}: {owner} field '{field}' is {getattr(ann, '__name__', ann)}, not numeric; "
+                          "use categorical: [...]")
+    if ann is int and spec.float_ is not None:
+        raise ConfigError(f"{where}: {owner} field '{field}' is an int; use int: [lo, hi] (got float: "
+                          f"{list(spec.float_)})")
+    lo, hi = spec.bounds
+    if not (_inside(info, lo) and _inside(info, hi)):
+        raise ConfigError(f"{where}: range [{lo}, {hi}] is outside the allowed range of {owner} field "
+                          f"'{field}' ({allowed or 'unbounded'})")
+
+
+def _inside(info: FieldInfo, x: float) -> bool:
+    for m in info.metadata:
+        if isinstance(m, at.Gt) and not x > m.gt:
+            return False
+        if isinstance(m, at.Ge) and not x >= m.ge:
+            return False
+        if isinstance(m, at.Lt) and not x < m.lt:
+            return False
+        if isinstance(m, at.Le) and not x <= m.le:
+            return False
+    return True
+
+
+def _field_problem(config: type[BaseModel], field: str, value: Any) -> str | None:
+    """Why ``value`` is invalid for ``config.field`` alone ('' errors on other fields ignored)."""
+    from pydantic import ValidationError
+
+    try:
+        config.model_validate({field: value})
+    except ValidationError as err:
+        mine = [e for e in err.errors() if e["loc"][:1] == (field,)]
+        if mine:
+            rng = describe_range(config.model_fields[field])
+            return mine[0]["msg"] + (f" (allowed: {rng})" if rng else "")
+    return None
