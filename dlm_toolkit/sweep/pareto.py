@@ -1,0 +1,323 @@
+"""The speed–quality Pareto front of a sweep, its summary numbers, table, CSV and plot.
+
+Definitions (also printed in ``dlm pareto`` and logged to the study's MLflow parent run):
+
+* **front**: the COMPLETE trials that no other COMPLETE trial dominates in the study's
+  objectives (``a`` dominates ``b``: at least as good in every objective and strictly better
+  in one). Pruned and failed trials never enter it. Two trials with identical values are
+  both on the front.
+* **dominates a preset**: the trial dominates the COMPLETE trial that ran that preset
+  (enqueued by the sweep, ``preset`` user attribute).
+* **hypervolume**: area dominated by the (accuracy, TPF) front — both maximised — above the
+  reference point (accuracy 0, TPF 0). With this reference point it equals the area under
+  the front's staircase; units accuracy × tokens-per-forward.
+* **auc**: area under the piecewise-linear accuracy(TPF) curve through the (accuracy, TPF)
+  front points (trapezoids), from the front's lowest to its highest TPF; 0 for one point.
+* **speedup at quality** (per preset): the highest ``tpf / preset tpf`` over COMPLETE trials
+  whose accuracy is >= the preset's accuracy.
+
+TPF counts generated tokens up to and including the first EOS, per forward (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+HV_REFERENCE = (0.0, 0.0)
+"""Reference point (accuracy, TPF) of :func:`hypervolume_2d`."""
+
+
+# -- pure geometry -----------------------------------------------------------------------------
+def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
+    """Whether point ``a`` Pareto-dominates ``b`` (``directions``: 'maximize'/'minimize' each)."""
+    better = False
+    for x, y, d in zip(a, b, directions):
+        if d == "minimize":
+            x, y = -x, -y
+        if x < y:
+            return False
+        if x > y:
+            better = True
+    return better
+
+
+def non_dominated(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[int]:
+    """Indices of the points no other point dominates, in input order."""
+    return [i for i, p in enumerate(points)
+            if not any(dominates(q, p, directions) for j, q in enumerate(points) if j != i)]
+
+
+def hypervolume_2d(points: Sequence[tuple[float, float]], reference: tuple[float, float] = HV_REFERENCE) -> float:
+    """Area dominated by ``points`` (both coordinates maximised) above ``reference``."""
+    pts = sorted({(x, y) for x, y in points if x > reference[0] and y > reference[1]}, key=lambda p: (-p[0], -p[1]))
+    area, best_y = 0.0, reference[1]
+    for x, y in pts:  # decreasing x: each point adds the strip it raises above the best y so far
+        if y > best_y:
+            area += (x - reference[0]) * (y - best_y)
+            best_y = y
+    return area
+
+
+def front_auc(points: Sequence[tuple[float, float]]) -> float:
+    """Trapezoidal area under accuracy(TPF) through the (accuracy, TPF) non-dominated points."""
+    front = [points[i] for i in non_dominated(points, ("maximize", "maximize"))]
+    curve = sorted({(tpf, acc) for acc, tpf in front})
+    return sum((t1 - t0) * (a0 + a1) / 2 for (t0, a0), (t1, a1) in zip(curve, curve[1:]))
+
+
+# -- study summary -----------------------------------------------------------------------------
+@dataclass
+class TrialPoint:
+    """One COMPLETE trial: its number, metrics, sampled params and preset name (if any)."""
+
+    trial: int
+    metrics: dict[str, float]
+    params: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+    policy_hash: str | None = None
+
+
+@dataclass
+class ParetoSummary:
+    """The front and its summary numbers (see the module docstring for definitions)."""
+
+    study_name: str
+    objectives: dict[str, str]
+    points: list[TrialPoint]
+    front: list[TrialPoint]
+    presets: dict[str, TrialPoint | None]
+    dominated_by: dict[str, list[int]]
+    speedup_at_quality: dict[str, dict[str, float] | None]
+    hypervolume: float | None
+    auc: float | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def values(self, p: TrialPoint) -> list[float]:
+        return [p.metrics[m] for m in self.objectives]
+
+    def dominates_presets(self, p: TrialPoint) -> dict[str, bool | None]:
+        """For each preset: does ``p`` dominate it (None when the preset has no COMPLETE trial)."""
+        dirs = list(self.objectives.values())
+        return {name: (None if pt is None else dominates(self.values(p), self.values(pt), dirs))
+                for name, pt in self.presets.items()}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The front as rows: trial, preset, objective metrics (+ accuracy, tpf), dominates_*, params."""
+        out = []
+        for p in self.front:
+            row: dict[str, Any] = {"trial": p.trial, "preset": p.preset}
+            for m in dict.fromkeys([*self.objectives, "accuracy", "tpf"]):
+                row[m] = p.metrics.get(m)
+            for name, dom in self.dominates_presets(p).items():
+                row[f"dominates {name}"] = dom
+            row["params"] = p.params
+            row["policy_hash"] = p.policy_hash
+            out.append(row)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "study_name": self.study_name,
+            "objectives": self.objectives,
+            "front": self.rows(),
+            "presets": {k: (None if v is None else {"trial": v.trial, "metrics": v.metrics})
+                        for k, v in self.presets.items()},
+            "dominated_by": self.dominated_by,
+            "speedup_at_quality": self.speedup_at_quality,
+            "hypervolume": self.hypervolume,
+            "hypervolume_reference": {"accuracy": HV_REFERENCE[0], "tpf": HV_REFERENCE[1]},
+            "auc": self.auc,
+            "counts": self.counts,
+        }
+
+
+def summarize_points(study_name: str, objectives: dict[str, str], points: list[TrialPoint],
+                     counts: dict[str, int] | None = None, preset_names: Sequence[str] = ()) -> ParetoSummary:
+    """Build a :class:`ParetoSummary` from COMPLETE trial points (used by :func:`summarize`).
+
+    ``preset_names``: presets to list even when they have no COMPLETE trial (yet).
+    """
+    names, dirs = list(objectives), list(objectives.values())
+    vals = [[p.metrics[m] for m in names] for p in points]
+    front = [points[i] for i in non_dominated(vals, dirs)]
+    front.sort(key=lambda p: (p.metrics.get("tpf", 0.0), p.trial))
+    presets: dict[str, TrialPoint | None] = {}
+    for p in points:
+        if p.preset:
+            presets[p.preset] = p  # the last COMPLETE one (a retried preset has one COMPLETE)
+    for name in preset_names:
+        presets.setdefault(name, None)
+    dominated_by: dict[str, list[int]] = {}
+    speedup: dict[str, dict[str, float] | None] = {}
+    for name, pt in presets.items():
+        if pt is None:
+            dominated_by[name], speedup[name] = [], None
+            continue
+        pv = [pt.metrics[m] for m in names]
+        dominated_by[name] = [p.trial for p, v in zip(points, vals) if dominates(v, pv, dirs)]
+        best = None
+        if pt.metrics.get("tpf"):
+            for p in points:
+                if p.metrics["accuracy"] >= pt.metrics["accuracy"]:
+                    ratio = p.metrics["tpf"] / pt.metrics["tpf"]
+                    if best is None or ratio > best["ratio"]:
+                        best = {"trial": p.trial, "ratio": ratio, "accuracy": p.metrics["accuracy"],
+                                "tpf": p.metrics["tpf"]}
+        speedup[name] = best
+    plane = [(p.metrics["accuracy"], p.metrics["tpf"]) for p in points if "accuracy" in p.metrics and "tpf" in p.metrics]
+    return ParetoSummary(
+        study_name=study_name, objectives=dict(objectives), points=points, front=front, presets=presets,
+        dominated_by=dominated_by, speedup_at_quality=speedup,
+        hypervolume=hypervolume_2d(plane) if plane else None, auc=front_auc(plane) if plane else None,
+        counts=dict(counts or {}),
+    )
+
+
+def summarize(study: Any) -> ParetoSummary:
+    """The summary of an Optuna study created by ``dlm sweep`` (objectives from its settings)."""
+    from optuna.trial import TrialState
+
+    settings = study.user_attrs.get("experiment") or {}
+    objectives = settings.get("objectives") or {f"objective_{i}": d.name.lower() for i, d in enumerate(study.directions)}
+    points, counts = [], {"complete": 0, "pruned": 0, "failed": 0, "running": 0, "waiting": 0}
+    for t in study.get_trials(deepcopy=False):
+        key = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
+               TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state]
+        counts[key] += 1
+        if t.state != TrialState.COMPLETE:
+            continue
+        metrics = dict(t.user_attrs.get("metrics") or {})
+        for name, value in zip(objectives, t.values or []):
+            metrics.setdefault(name, value)
+        points.append(TrialPoint(t.number, metrics, dict(t.params), t.user_attrs.get("preset"),
+                                 t.user_attrs.get("policy_hash")))
+    return summarize_points(study.study_name, objectives, points, counts,
+                            preset_names=[preset_label(p) for p in settings.get("presets_to_enqueue") or []])
+
+
+def preset_label(preset: str) -> str:
+    """How a preset is named in trials and tables: the preset name, or a policy file's stem."""
+    return Path(preset).stem if Path(preset).suffix in (".json", ".yaml", ".yml") else preset
+
+
+# -- outputs -----------------------------------------------------------------------------------
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def format_table(summary: ParetoSummary) -> str:
+    """The front as a plain-text table plus the summary numbers."""
+    metrics = list(dict.fromkeys([*summary.objectives, "accuracy", "tpf"]))
+    head = ["trial", "preset", *metrics, *[f"dom {p}" for p in summary.presets], "params"]
+    rows = []
+    for p in summary.front:
+        params = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(p.params.items())) if not p.preset else ""
+        rows.append([str(p.trial), p.preset or "", *[_fmt(p.metrics.get(m)) for m in metrics],
+                     *[_fmt(d) for d in summary.dominates_presets(p).values()], params])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    lines = [f"Pareto front of study '{summary.study_name}' ("
+             + ", ".join(f"{d} {m}" for m, d in summary.objectives.items())
+             + f"); {len(summary.front)} of {len(summary.points)} complete trials"]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if not rows:
+        lines.append("(no complete trials yet)")
+    if summary.hypervolume is not None:
+        lines.append(f"hypervolume (accuracy x TPF, reference (0, 0)): {summary.hypervolume:.4g}; "
+                     f"AUC of accuracy over TPF along the front: {summary.auc:.4g}")
+    for name, pt in summary.presets.items():
+        if pt is None:
+            lines.append(f"preset {name}: no complete trial")
+            continue
+        dom = summary.dominated_by[name]
+        sp = summary.speedup_at_quality.get(name)
+        sp_text = (f"; best TPF at >= its accuracy: {sp['ratio']:.2f}x (trial {sp['trial']})" if sp else "")
+        lines.append(f"preset {name} (trial {pt.trial}): accuracy {pt.metrics['accuracy']:.4g}, "
+                     f"tpf {pt.metrics['tpf']:.4g}; dominated by "
+                     f"{len(dom)} trial(s){' ' + str(dom[:10]) if dom else ''}{sp_text}")
+    lines.append("TPF = generated tokens up to and including the first EOS, per forward.")
+    return "\n".join(lines)
+
+
+def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
+    """Every COMPLETE trial, one row each, with ``on_front`` and ``dominates <preset>`` columns."""
+    path = Path(path)
+    on_front = {p.trial for p in summary.front}
+    metric_keys = sorted({k for p in summary.points for k in p.metrics})
+    param_keys = sorted({k for p in summary.points for k in p.params})
+    head = ["trial", "preset", "on_front", *metric_keys, *[f"dominates {n}" for n in summary.presets],
+            *[f"param {k}" for k in param_keys], "policy_hash"]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(head)
+        for p in sorted(summary.points, key=lambda p: p.trial):
+            dom = summary.dominates_presets(p)
+            w.writerow([p.trial, p.preset or "", p.trial in on_front, *[p.metrics.get(k) for k in metric_keys],
+                        *[dom[n] for n in summary.presets], *[p.params.get(k, "") for k in param_keys],
+                        p.policy_hash or ""])
+    return path
+
+
+def write_json(summary: ParetoSummary, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(summary.to_json(), indent=1, default=str) + "\n")
+    return path
+
+
+def plot(summary: ParetoSummary, path: str | Path) -> Path:
+    """``pareto.png``: all COMPLETE trials, the (accuracy, TPF) front as a step line, presets labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    pts = [p for p in summary.points if "accuracy" in p.metrics and "tpf" in p.metrics]
+    ax.scatter([p.metrics["tpf"] for p in pts], [p.metrics["accuracy"] for p in pts], s=18, c="0.6",
+               label=f"trials ({len(pts)} complete)", zorder=2)
+    plane = [(p.metrics["accuracy"], p.metrics["tpf"]) for p in pts]
+    front = sorted((pts[i] for i in non_dominated(plane, ("maximize", "maximize"))),
+                   key=lambda p: p.metrics["tpf"])
+    if front:
+        xs = [p.metrics["tpf"] for p in front]
+        ys = [p.metrics["accuracy"] for p in front]
+        ax.step(xs, ys, where="post", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
+        ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
+    for i, (name, pt) in enumerate(summary.presets.items()):
+        if pt is None:
+            continue
+        ax.scatter([pt.metrics["tpf"]], [pt.metrics["accuracy"]], s=90, marker="*", zorder=5,
+                   color=f"C{(i + 1) % 10}", edgecolor="k", label=f"preset {name}")
+        ax.annotate(name, (pt.metrics["tpf"], pt.metrics["accuracy"]), textcoords="offset points",
+                    xytext=(6, 6), fontsize=8)
+    ax.set_xlabel("TPF (generated tokens up to first EOS / forward)")
+    ax.set_ylabel("accuracy")
+    title = f"{summary.study_name}: speed–quality trade-off"
+    if summary.hypervolume is not None:
+        title += f"  (HV {summary.hypervolume:.3g})"
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_all(summary: ParetoSummary, folder: str | Path) -> dict[str, Path]:
+    """``pareto.png``, ``pareto.csv`` and ``pareto.json`` in ``folder`` (created)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"png": plot(summary, folder / "pareto.png"), "csv": write_csv(summary, folder / "pareto.csv"),
+            "json": write_json(summary, folder / "pareto.json")}
