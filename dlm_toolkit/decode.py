@@ -17,9 +17,12 @@ import torch
 from dlm_toolkit.config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.policy import DecodingPolicy, StrategyError
-from dlm_toolkit.state import DecodeResult, DecodeState
+from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
+
+
+FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 
 
 def decode(
@@ -112,7 +115,7 @@ def forward_window(model: DiffusionLM, state: DecodeState, rows: torch.Tensor, l
     logits = model.forward_window(ids, pos.clamp(min=0), allowed, **kwargs)  # (R, T, V)
     state.model_time += perf_counter() - t0
     state.forward_calls += 1
-    state.forward_tokens[rows] += real.sum(1)
+    state.counts[rows, FORWARD_TOKENS] += real.sum(1)
     if cached:
         state.cache_len[rows] = lo
     first = (hi - width) - (q_end - span)  # window start inside the padded span
@@ -173,13 +176,19 @@ def write(state: DecodeState, ctx: StepContext) -> None:
     state.written_step[at] = torch.where(remask, -1, state.nfe[rows[r]])
     state.written_conf[at] = torch.where(remask, 0.0, ctx.confidence[r, w])
     n_commit = ctx.commit.sum(1)
-    any_edit = ctx.edit.any(1)
-    state.nfe[rows] += 1
-    state.commits[rows] += n_commit
-    state.edits[rows] += ctx.edit.sum(1)
-    state.remasks[rows] += ctx.remask.sum(1)
-    state.multi_commit_steps[rows] += n_commit >= 2
-    state.post_forwards[rows] += ctx.post
-    state.post_forwards_with_edit[rows] += ctx.post & any_edit
-    state.blocks_decoded[rows] += state.block_step[rows] == 0
+    step_counts = torch.stack(  # one row per context row, columns as COUNTERS
+        [
+            torch.ones_like(n_commit),
+            n_commit,
+            ctx.edit.sum(1),
+            ctx.remask.sum(1),
+            (n_commit >= 2).long(),
+            ctx.post.long(),
+            (ctx.post & ctx.edit.any(1)).long(),
+            (ctx.block_step == 0).long(),
+            torch.zeros_like(n_commit),
+        ],
+        dim=1,
+    )
+    state.counts.index_add_(0, rows, step_counts)
     state.block_step[rows] += 1

@@ -22,7 +22,9 @@ class EvalResult:
 
     ``metrics``: ``accuracy`` (mean task score), ``tpf`` (generated tokens up to and including
     EOS, summed, over NFE summed), ``nfe_mean``, ``tokens_per_second`` (generated tokens over
-    decode wall time), ``edits_per_token``, ``remasks_per_token``, ``wall_time_s``, ``n``.
+    decode wall time), ``edits_per_token``, ``remasks_per_token``, ``forward_tokens_per_token``
+    (positions the model processed per generated token: the compute cost NFE does not show,
+    e.g. of multi-block editing), ``wall_time_s``, ``n``.
     """
 
     metrics: dict[str, float]
@@ -62,7 +64,7 @@ def evaluate(
     gen_length = task.answer_length + 1  # room for the EOS
     check_context(model, max(len(p) for p in prompts) + gen_length, policy, task.name)
     records: list[dict[str, Any]] = []
-    totals = {"tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "score": 0.0, "wall": 0.0}
+    totals = {"tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "forward_tokens": 0, "score": 0.0, "wall": 0.0}
     bar = tqdm(total=n, desc=f"eval {task.name}", disable=not progress, unit="inst")
     for start in range(0, n, batch_size):
         batch = instances[start : start + batch_size]
@@ -78,6 +80,7 @@ def evaluate(
             totals["nfe"] += row.nfe
             totals["edits"] += row.edits
             totals["remasks"] += row.remasks
+            totals["forward_tokens"] += row.forward_tokens
             totals["score"] += score
         running = metrics_from(totals, len(records))
         bar.update(len(batch))
@@ -97,6 +100,7 @@ def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:
         "tokens_per_second": totals["tokens"] / totals["wall"] if totals["wall"] > 0 else 0.0,
         "edits_per_token": totals["edits"] / tokens,
         "remasks_per_token": totals["remasks"] / tokens,
+        "forward_tokens_per_token": totals["forward_tokens"] / tokens,
         "wall_time_s": totals["wall"],
         "n": n,
     }

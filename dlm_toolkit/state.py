@@ -43,16 +43,7 @@ class DecodeState:
     cache: Any = None
     cache_len: torch.Tensor | None = None  # (N,) absolute positions held in the KV cache
     memory: dict[str, Any] = field(default_factory=dict)
-    # counters (N,) long
-    nfe: torch.Tensor = None  # type: ignore[assignment]
-    commits: torch.Tensor = None  # type: ignore[assignment]
-    edits: torch.Tensor = None  # type: ignore[assignment]
-    remasks: torch.Tensor = None  # type: ignore[assignment]
-    multi_commit_steps: torch.Tensor = None  # type: ignore[assignment]
-    post_forwards: torch.Tensor = None  # type: ignore[assignment]
-    post_forwards_with_edit: torch.Tensor = None  # type: ignore[assignment]
-    blocks_decoded: torch.Tensor = None  # type: ignore[assignment]
-    forward_tokens: torch.Tensor = None  # type: ignore[assignment]
+    counts: torch.Tensor = None  # type: ignore[assignment]  # (N, len(COUNTERS)) long
     forward_calls: int = 0
     model_time: float = 0.0
 
@@ -100,14 +91,18 @@ class DecodeState:
             written_step=torch.full((n, lmax), -1, dtype=torch.long),
             written_conf=torch.zeros(n, lmax),
         )
-        for name in COUNTERS:
-            setattr(state, name, zeros.clone())
+        state.counts = torch.zeros(n, len(COUNTERS), dtype=torch.long)
         state.block_masked_start = state.masked_in_block(torch.arange(n))
         return state
 
     @property
     def batch_size(self) -> int:
         return self.canvas.shape[0]
+
+    @property
+    def nfe(self) -> torch.Tensor:
+        """(N,) forwards each row took part in (a view of ``counts``)."""
+        return self.counts[:, 0]
 
     def block_bounds(self, rows: torch.Tensor, block: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Absolute ``[lo, hi)`` of ``block`` (default: the active block) for ``rows``."""
@@ -156,7 +151,7 @@ class DecodeState:
             out = self.canvas[r, p:end].tolist()
             if self.eos_token_id in out:
                 out = out[: out.index(self.eos_token_id) + 1]
-            counts = {name: int(getattr(self, name)[r]) for name in COUNTERS}
+            counts = dict(zip(COUNTERS, self.counts[r].tolist()))
             rows.append(
                 RowResult(
                     tokens=out,
@@ -176,7 +171,7 @@ class DecodeState:
         )
 
 
-COUNTERS = (
+COUNTERS = (  # columns of DecodeState.counts, in this order
     "nfe",
     "commits",
     "edits",

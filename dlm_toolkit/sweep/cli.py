@@ -1,5 +1,260 @@
-"""Sweep commands (being written)."""
+"""``dlm sweep``, ``dlm pareto``, ``dlm replay`` and ``dlm eval``: :func:`register` adds them.
+
+Heavy imports (torch, Optuna, MLflow) happen inside the commands so ``dlm --help`` stays fast.
+Bad input raises :class:`~dlm_toolkit.config.ConfigError` (exit 2, one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dlm_toolkit.config import ConfigError
+
+DEFAULT_STORAGE = "sqlite:///optuna.db"
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# Metrics compared by `dlm replay`; wall time and tokens/s depend on the machine's load.
+DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token", "n")
+TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 
 
-def register(sub) -> None:
-    pass
+def register(sub: Any) -> None:
+    """Add the sweep/eval subcommands to ``dlm``'s subparsers."""
+    from dlm_toolkit.cli import add_policy_args
+
+    p = sub.add_parser("sweep", help="Optuna search of decoding policies (speed-quality Pareto front)",
+                       description="Run (or resume) an Optuna study over the search space of an experiment "
+                       "file; every trial is logged in MLflow. Rerunning the same command resumes it.")
+    p.add_argument("experiment", help="experiment YAML (see experiments/README.md)")
+    p.add_argument("--n-trials", type=int, help="target total of finished trials (default: n_trials in the file)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL (default {DEFAULT_STORAGE})")
+    p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI,
+                   help=f"MLflow tracking URI (default {DEFAULT_TRACKING_URI})")
+    p.add_argument("--study-name", help="default: the experiment's name (or file stem)")
+    p.add_argument("--workers", type=int, default=1, help="processes evaluating trials in parallel")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base-policy key, repeatable")
+    p.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS",
+                   help="trial heartbeat; a trial silent for 3x this is considered dead and retried")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the front as JSON instead of a table")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("pareto", help="print (and log) the Pareto front of a study",
+                       description="The front of a sweep study: each trial's params, quality, TPF and whether "
+                       "it dominates each preset. Also logs pareto.png/.csv/.json and metrics to the study's "
+                       "MLflow parent run.")
+    p.add_argument("--storage", default=DEFAULT_STORAGE)
+    p.add_argument("--study-name", required=True)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI,
+                   help="MLflow store holding the study's parent run (skipped if its SQLite file is absent)")
+    p.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    p.add_argument("--out", help="also write pareto.png, pareto.csv and pareto.json into this folder")
+    p.set_defaults(func=cmd_pareto)
+
+    p = sub.add_parser("replay", help="re-run one trial's exact policy and compare its metrics",
+                       description="Re-evaluate a trial's stored policy JSON with the study's stored settings "
+                       "(checkpoint, task, n, seed, batch size); exit 0 when the deterministic metrics match.")
+    p.add_argument("--storage", default=DEFAULT_STORAGE)
+    p.add_argument("--study-name", required=True)
+    p.add_argument("--trial", type=int, required=True, help="trial number")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("eval", help="evaluate one policy on a task",
+                       description="Decode N eval instances of a task with a policy and report quality and "
+                       "speed (TPF counts generated tokens up to and including the first EOS, per forward).")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder with tokenizer files")
+    p.add_argument("--task", required=True, help="add, sort, sudoku or humaneval")
+    add_policy_args(p)
+    p.add_argument("--n", type=int, required=True, help="number of eval instances")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
+    p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_eval)
+
+
+# -- sweep -------------------------------------------------------------------------------------
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dlm_toolkit.cli import parse_sets
+    from dlm_toolkit.sweep.experiment import load_experiment
+    from dlm_toolkit.sweep.pareto import format_table
+    from dlm_toolkit.sweep.study import run_sweep
+
+    exp = load_experiment(args.experiment, parse_sets(args.set))
+    if args.heartbeat < 1:
+        raise ConfigError(f"--heartbeat: must be >= 1 second (got {args.heartbeat})")
+    result = run_sweep(exp, args.n_trials, storage=args.storage, tracking_uri=args.tracking_uri,
+                       study_name=args.study_name, workers=args.workers, progress=not args.no_progress,
+                       heartbeat_interval=args.heartbeat)
+    if args.json:
+        print(json.dumps({**result.summary.to_json(), "storage": args.storage, "tracking_uri": args.tracking_uri,
+                          "parent_run_id": result.parent_run_id, "finished_trials": result.counts.counted,
+                          "n_trials": result.n_trials}, default=str))
+    else:
+        print(format_table(result.summary))
+        print()
+        c = result.counts
+        print(f"study '{result.study_name}': {c.counted}/{result.n_trials} finished trials "
+              f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed)"
+              + ("" if result.complete else " -- rerun the same command to resume"))
+        print(open_hints(args.storage, args.tracking_uri, result.study_name))
+    return 0 if result.complete else 1
+
+
+def open_hints(storage: str, tracking_uri: str, study_name: str) -> str:
+    return "\n".join([
+        f"MLflow:  mlflow ui --backend-store-uri {tracking_uri} --workers 1   (then open http://127.0.0.1:5000;"
+        f" parent run 'study-{study_name}')",
+        f"Optuna:  optuna-dashboard {storage}   (pip install optuna-dashboard)",
+        f"Front:   dlm pareto --storage {storage} --study-name {study_name}",
+    ])
+
+
+# -- pareto ------------------------------------------------------------------------------------
+def cmd_pareto(args: argparse.Namespace) -> int:
+    from dlm_toolkit.sweep.pareto import format_table, summarize, write_all
+    from dlm_toolkit.sweep.study import load_study
+
+    study = load_study(args.storage, args.study_name)
+    summary = summarize(study)
+    logged = None
+    if not args.no_log:
+        logged = log_pareto_to_parent(summary, study, args.storage, args.tracking_uri)
+    if args.out:
+        write_all(summary, args.out)
+    if args.json:
+        print(json.dumps({**summary.to_json(), "mlflow_parent_run_id": logged}, default=str))
+    else:
+        print(format_table(summary))
+        if logged:
+            print(f"logged pareto.png/.csv/.json and metrics to MLflow run {logged} ({args.tracking_uri})")
+    return 0
+
+
+def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: str) -> str | None:
+    """Log the front to the study's parent run; None (with a note) when there is none."""
+    from dlm_toolkit.sweep.tracking import Tracker, _sqlite_file
+
+    db = _sqlite_file(tracking_uri) if tracking_uri.startswith("sqlite") else None
+    if db is not None and not db.exists():
+        print(f"note: {tracking_uri} does not exist; nothing logged to MLflow", file=sys.stderr)
+        return None
+    settings = study.user_attrs.get("experiment") or {}
+    tracker = Tracker(tracking_uri, settings.get("mlflow_experiment", "dlm-sweep"))
+    run_id = tracker.find_parent(study.study_name, storage, all_experiments=True)
+    if run_id is None:
+        print(f"note: no MLflow parent run for study '{study.study_name}' in {tracking_uri}; nothing logged",
+              file=sys.stderr)
+        return None
+    tracker.log_pareto(run_id, summary)
+    return run_id
+
+
+# -- replay ------------------------------------------------------------------------------------
+def cmd_replay(args: argparse.Namespace) -> int:
+    out = replay(args.storage, args.study_name, args.trial)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"trial {out['trial']} of study '{out['study_name']}' (policy {out['policy_hash']}, "
+              f"{out['task']}, n={out['n']}, seed={out['seed']})")
+        for k, v in out["metrics"].items():
+            stored = out["stored"].get(k)
+            mark = "" if k in TIMING_METRICS else ("  ok" if k not in out["mismatches"] else "  MISMATCH")
+            print(f"  {k:<18} {v:<12.6g} stored {stored if stored is None else format(stored, '.6g'):<12}{mark}")
+        print("match" if out["match"] else "MISMATCH in " + ", ".join(out["mismatches"]),
+              "(timing metrics are not compared)")
+    return 0 if out["match"] else 1
+
+
+def replay(storage: str, study_name: str, number: int) -> dict[str, Any]:
+    """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics."""
+    from dlm_toolkit.config import load_policy
+    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.sweep.study import load_study
+    from dlm_toolkit.tasks import get_task
+
+    study = load_study(storage, study_name)
+    settings = study.user_attrs.get("experiment")
+    if not settings:
+        raise ConfigError(f"study {study_name!r} has no stored experiment settings (not made by `dlm sweep`)")
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trial = trials.get(number)
+    if trial is None:
+        raise ConfigError(f"--trial {number}: no such trial in study {study_name!r} (trials 0..{len(trials) - 1})")
+    policy_json = trial.user_attrs.get("policy")
+    if not policy_json:
+        raise ConfigError(f"--trial {number}: trial has no stored policy (state {trial.state.name}"
+                          + (f", error: {trial.user_attrs['error']}" if trial.user_attrs.get("error") else "") + ")")
+    policy = load_policy(json.loads(policy_json))
+    if policy.config_hash() != trial.user_attrs.get("policy_hash", policy.config_hash()):
+        raise ConfigError(f"--trial {number}: stored policy does not match its stored hash")
+    model, tokenizer = load_checkpoint(settings["model"])
+    task = get_task(settings["task"], **(settings.get("task_args") or {}))
+    result = evaluate(model, tokenizer, task, policy, settings["n"], settings["seed"],
+                      batch_size=settings["batch_size"], progress=False)
+    stored = trial.user_attrs.get("metrics") or {}
+    metrics = {k: float(v) for k, v in result.metrics.items()}
+    mismatches = [k for k in DETERMINISTIC_METRICS
+                  if k in stored and abs(float(stored[k]) - metrics[k]) > 1e-9 * max(1.0, abs(metrics[k]))]
+    if not stored:
+        mismatches = ["(no stored metrics: trial state " + trial.state.name + ")"]
+    return {"study_name": study_name, "trial": number, "state": trial.state.name, "policy_hash": policy.config_hash(),
+            "task": settings["task"], "n": settings["n"], "seed": settings["seed"], "checkpoint": settings["model"],
+            "metrics": metrics, "stored": stored, "mismatches": mismatches, "match": not mismatches,
+            "compared": [k for k in DETERMINISTIC_METRICS if k in stored]}
+
+
+# -- eval --------------------------------------------------------------------------------------
+def cmd_eval(args: argparse.Namespace) -> int:
+    from dlm_toolkit.cli import policy_from_args
+    from dlm_toolkit.tasks import get_task
+
+    if args.n <= 0:
+        raise ConfigError(f"--n: must be >= 1 (got {args.n})")
+    if args.batch_size <= 0:
+        raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
+    task = get_task(args.task)
+    policy = policy_from_args(args)
+    if not Path(args.checkpoint).is_dir():
+        raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
+    if args.tracking_uri:
+        from dlm_toolkit.sweep.tracking import check_sqlite_folder
+
+        check_sqlite_folder(args.tracking_uri, "--tracking-uri")
+
+    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
+                      progress=not args.no_progress)
+    run_id = None
+    if args.tracking_uri:
+        from dlm_toolkit.sweep.tracking import log_eval_run
+
+        run_id = log_eval_run(result, policy, task.name, args.checkpoint, args.tracking_uri,
+                              args.experiment_name, seed=args.seed, n=args.n)
+    m = result.metrics
+    if args.json:
+        print(json.dumps({**m, "task": task.name, "metric_name": task.metric_name, "seed": args.seed,
+                          "batch_size": args.batch_size, "checkpoint": str(args.checkpoint),
+                          "policy_hash": policy.config_hash(), "policy": policy.model_dump(mode="json"),
+                          "mlflow_run_id": run_id}))
+    else:
+        print(f"accuracy          {m['accuracy']:.4f}  ({task.metric_name} on {m['n']} {task.name} eval "
+              f"instances, seed {args.seed})")
+        print(f"tpf               {m['tpf']:.3f}  (generated tokens up to and including the first EOS, per forward)")
+        print(f"nfe_mean          {m['nfe_mean']:.2f}")
+        print(f"tokens_per_second {m['tokens_per_second']:.1f}")
+        print(f"edits_per_token   {m['edits_per_token']:.4f}")
+        print(f"policy            {policy.config_hash()}")
+        if run_id:
+            print(f"MLflow run {run_id} in {args.tracking_uri}")
+    return 0

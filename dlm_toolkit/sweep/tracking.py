@@ -1,0 +1,348 @@
+"""MLflow tracking of sweeps and single evaluations.
+
+Layout (DESIGN §4.7):
+
+* one **parent run** per study (``kind=study``), found again on resume by its tags
+  ``study_name`` and ``storage`` (the Optuna storage URL, password hidden), never duplicated;
+  it holds the experiment settings and, after a sweep or ``dlm pareto``, ``pareto.png``,
+  ``pareto.csv``, ``pareto.json`` and the summary metrics (hypervolume, auc, front_size, ...);
+* one **nested run** per trial (``kind=trial``, tag ``mlflow.parentRunId``) with the policy's
+  flat keys as params, the metrics, tags (``policy_hash``, ``study_name``, ``trial_number``,
+  ``dlm_toolkit_version``, ``seed``, ``task``, ``checkpoint``, ``trial_state``, ``preset``,
+  ``error``) and the ``policy.json`` artifact — the canonical policy JSON, the source of truth.
+  The running accuracy after each evaluated batch is the step metric ``running_accuracy``.
+
+Run states: COMPLETE trial → FINISHED; PRUNED → FINISHED with ``trial_state=PRUNED``; a
+policy/evaluation error → FAILED with the message in the ``error`` tag. A trial whose process
+died cannot close its run; :meth:`Tracker.reconcile` (called when a sweep starts, between
+trials and at its end) sets every RUNNING trial run whose Optuna trial is no longer running
+to KILLED, with a ``killed_reason`` tag.
+
+All calls go through :class:`mlflow.MlflowClient` with explicit run ids (no global active run),
+so several worker processes can log into one store. SQLite "database is locked" errors are
+retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from dlm_toolkit.config import ConfigError, PolicyConfig
+
+T = TypeVar("T")
+
+KIND_STUDY, KIND_TRIAL, KIND_EVAL = "study", "trial", "eval"
+LOGGED_METRICS = ("accuracy", "tpf", "nfe_mean", "wall_time_s", "edits_per_token", "remasks_per_token",
+                  "tokens_per_second", "n")
+
+
+def hide_password(url: str) -> str:
+    """A SQLAlchemy URL with its password masked (used as the ``storage`` tag)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a SQLAlchemy URL: keep as is
+        return url
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI (None for other schemes / in-memory)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    db = make_url(uri).database
+    return Path(db) if db and db != ":memory:" else None
+
+
+def check_sqlite_folder(uri: str, what: str) -> None:
+    """A clear error for ``sqlite:///missing/folder/x.db`` (SQLite would say 'unable to open')."""
+    try:
+        db = _sqlite_file(uri)
+    except Exception as err:
+        raise ConfigError(f"{what} {uri!r}: not a valid database URL ({err})") from None
+    if db is not None and not db.resolve().parent.is_dir():
+        raise ConfigError(f"{what} {uri!r}: folder {db.resolve().parent} does not exist")
+
+
+def _retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call an MLflow client method, retrying SQLite lock errors from concurrent workers."""
+    delay = 0.25
+    for attempt in range(6):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            if "locked" not in str(err).lower() or attempt == 5:
+                raise
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _version() -> str:
+    import dlm_toolkit
+
+    return dlm_toolkit.__version__
+
+
+@contextmanager
+def _quiet_http() -> Iterator[None]:
+    """Fail fast on an unreachable tracking server while checking it (MLflow retries ~2 min)."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Tracker:
+    """An MLflow store plus one experiment in it (created on first use)."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str) -> None:
+        from mlflow import MlflowClient
+
+        check_sqlite_folder(tracking_uri, "tracking URI")
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        try:
+            with _quiet_http():
+                self.client = MlflowClient(tracking_uri)
+                exp = self.client.get_experiment_by_name(experiment_name)
+        except Exception as err:
+            raise ConfigError(f"tracking URI {tracking_uri!r}: cannot open the MLflow store: "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        if exp is None:
+            self.experiment_id = self._create_experiment(experiment_name)
+        else:
+            self.experiment_id = exp.experiment_id
+
+    def _create_experiment(self, name: str) -> str:
+        """Artifacts of a SQLite store go next to the database (``mlartifacts/``), not into the cwd."""
+        db = _sqlite_file(self.tracking_uri)
+        location = None
+        if db is not None:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            location = (db.resolve().parent / "mlartifacts" / safe).as_uri()
+        try:
+            return _retry(self.client.create_experiment, name, artifact_location=location)
+        except Exception:  # created concurrently by another worker
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    # -- parent runs -------------------------------------------------------------------------
+    def find_parent(self, study_name: str, storage: str, all_experiments: bool = False) -> str | None:
+        """Run id of the study's parent run (tags ``study_name`` + ``storage``), if any."""
+        ids = [self.experiment_id]
+        if all_experiments:
+            ids = [e.experiment_id for e in self.client.search_experiments()]
+        tag = hide_password(storage)
+        runs = _retry(self.client.search_runs, ids, filter_string=f"tags.kind = '{KIND_STUDY}'",
+                      max_results=5000, order_by=["attributes.start_time ASC"])
+        for run in runs:
+            if run.data.tags.get("study_name") == study_name and run.data.tags.get("storage") == tag:
+                return run.info.run_id
+        return None
+
+    def parent_run(self, study_name: str, storage: str, settings: Mapping[str, Any],
+                   experiment_file: Path | None = None) -> str:
+        """Find the study's parent run (and mark it RUNNING again) or create it."""
+        run_id = self.find_parent(study_name, storage)
+        if run_id is not None:
+            _retry(self.client.update_run, run_id, status="RUNNING")
+            return run_id
+        tags = {"kind": KIND_STUDY, "study_name": study_name, "storage": hide_password(storage),
+                "dlm_toolkit_version": _version(), "task": str(settings.get("task")),
+                "checkpoint": str(settings.get("model")), "seed": str(settings.get("seed"))}
+        run = _retry(self.client.create_run, self.experiment_id, run_name=f"study-{study_name}", tags=tags)
+        run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        flat = {"task": settings.get("task"), "n": settings.get("n"), "seed": settings.get("seed"),
+                "batch_size": settings.get("batch_size"), "sampler": json.dumps(settings.get("sampler")),
+                "objectives": json.dumps(settings.get("objectives")), "pruning": json.dumps(settings.get("pruning")),
+                "search_space": ",".join(settings.get("search_space") or {})}
+        _retry(self.client.log_batch, run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
+        _retry(self.client.log_text, run_id, json.dumps(settings, indent=1, sort_keys=True), "experiment.json")
+        if experiment_file is not None and experiment_file.is_file():
+            _retry(self.client.log_artifact, run_id, str(experiment_file))
+        return run_id
+
+    def finish_parent(self, run_id: str, status: str = "FINISHED") -> None:
+        _retry(self.client.set_terminated, run_id, status)
+
+    def log_pareto(self, run_id: str, summary: Any) -> None:
+        """Artifacts ``pareto.png/.csv/.json`` and summary metrics on the parent run."""
+        from mlflow.entities import Metric
+
+        from dlm_toolkit.sweep.pareto import write_all
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in write_all(summary, tmp).values():
+                _retry(self.client.log_artifact, run_id, str(path))
+        step = len(summary.points)
+        now = int(time.time() * 1000)
+        values: dict[str, float] = {"front_size": len(summary.front), "n_complete": len(summary.points)}
+        for key in ("pruned", "failed"):
+            values[f"n_{key}"] = summary.counts.get(key, 0)
+        if summary.hypervolume is not None:
+            values["hypervolume"] = summary.hypervolume
+            values["auc"] = summary.auc
+        for name, dom in summary.dominated_by.items():
+            if summary.presets.get(name) is not None:
+                values[f"dominating_{name}"] = len(dom)
+            sp = summary.speedup_at_quality.get(name)
+            if sp:
+                values[f"speedup_at_quality_{name}"] = sp["ratio"]
+        _retry(self.client.log_batch, run_id,
+               metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+
+    # -- trial runs --------------------------------------------------------------------------
+    def start_trial(self, parent_id: str, study_name: str, storage: str, trial_number: int,
+                    tags: Mapping[str, Any]) -> TrialRun:
+        all_tags = {"mlflow.parentRunId": parent_id, "kind": KIND_TRIAL, "study_name": study_name,
+                    "storage": hide_password(storage), "trial_number": str(trial_number),
+                    "dlm_toolkit_version": _version(), "trial_state": "RUNNING",
+                    **{k: str(v) for k, v in tags.items() if v is not None}}
+        run = _retry(self.client.create_run, self.experiment_id, run_name=f"trial-{trial_number}", tags=all_tags)
+        return TrialRun(self.client, run.info.run_id)
+
+    def reconcile(self, study: Any, storage: str) -> list[str]:
+        """Close RUNNING trial runs of ``study`` whose Optuna trial is not running any more.
+
+        Such a run belonged to a process that died (killed, out of memory, power loss): Optuna's
+        heartbeat marked the trial FAIL and queued a retry. The run becomes KILLED with a
+        ``killed_reason`` tag. Returns the closed run ids.
+        """
+        from optuna.trial import TrialState
+
+        tag = hide_password(storage)
+        runs = _retry(self.client.search_runs, [self.experiment_id],
+                      filter_string=f"tags.kind = '{KIND_TRIAL}' and attributes.status = 'RUNNING'",
+                      max_results=5000)
+        mine = [r for r in runs if r.data.tags.get("study_name") == study.study_name
+                and r.data.tags.get("storage") == tag]
+        if not mine:
+            return []
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        retried = {}
+        for t in trials.values():
+            for n in t.system_attrs.get("retry_history", []):
+                retried[n] = t.number
+        closed = []
+        for run in mine:
+            number = int(run.data.tags.get("trial_number", -1))
+            trial = trials.get(number)
+            if trial is not None and trial.state in (TrialState.RUNNING, TrialState.WAITING):
+                continue
+            if trial is not None and trial.user_attrs.get("mlflow_run_id") not in (None, run.info.run_id):
+                state = "superseded"
+            else:
+                state = trial.state.name if trial is not None else "missing"
+            reason = f"its process ended before the run was closed; Optuna trial {number} is {state}"
+            if number in retried:
+                reason += f" (retried as trial {retried[number]})"
+            _retry(self.client.set_tag, run.info.run_id, "killed_reason", reason)
+            _retry(self.client.set_tag, run.info.run_id, "trial_state", "KILLED")
+            _retry(self.client.set_terminated, run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+        return closed
+
+
+class TrialRun:
+    """The nested MLflow run of one trial."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+        self.closed = False
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            _retry(self.client.log_batch, self.run_id, params=items[i:i + 100])
+
+    def log_policy(self, policy: PolicyConfig) -> None:
+        """Flat params, ``policy_hash`` tag and the ``policy.json`` artifact."""
+        self.log_params(policy.flat())
+        _retry(self.client.set_tag, self.run_id, "policy_hash", policy.config_hash())
+        _retry(self.client.log_text, self.run_id, policy.canonical_json(), "policy.json")
+
+    def log_running(self, n_done: int, metrics: Mapping[str, float]) -> None:
+        _retry(self.client.log_metric, self.run_id, "running_accuracy", float(metrics["accuracy"]), step=n_done)
+
+    def log_records(self, records: list[dict[str, Any]]) -> None:
+        text = "\n".join(json.dumps(r, default=str) for r in records) + "\n"
+        _retry(self.client.log_text, self.run_id, text, "records.jsonl")
+
+    def finish(self, status: str, trial_state: str, metrics: Mapping[str, float] | None = None,
+               tags: Mapping[str, Any] | None = None) -> None:
+        """Log final metrics/tags and terminate (FINISHED, FAILED or KILLED)."""
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if k in LOGGED_METRICS]
+        ts = [RunTag("trial_state", trial_state)] + [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
+        _retry(self.client.log_batch, self.run_id, metrics=ms, tags=ts)
+        _retry(self.client.set_terminated, self.run_id, status)
+        self.closed = True
+
+
+# -- single evaluations ------------------------------------------------------------------------
+def log_eval_run(
+    result: Any,
+    policy: PolicyConfig,
+    task: str,
+    checkpoint: str | Path,
+    tracking_uri: str,
+    experiment_name: str = "dlm-eval",
+    *,
+    seed: int | None = None,
+    n: int | None = None,
+    run_name: str | None = None,
+) -> str:
+    """Log one :class:`~dlm_toolkit.evaluate.EvalResult` as a run; returns its run id.
+
+    Params: the policy's flat keys (+ ``task``, ``n``, ``seed``); metrics: ``result.metrics``;
+    tags: ``policy_hash``, ``task``, ``checkpoint``, ``seed``, ``dlm_toolkit_version``,
+    ``kind=eval``; artifacts: ``policy.json`` and ``records.jsonl`` (one line per instance).
+    """
+    tracker = Tracker(tracking_uri, experiment_name)
+    tags = {"mlflow.runName": run_name or f"eval-{task}-{policy.config_hash()}", "kind": KIND_EVAL,
+            "task": task, "checkpoint": str(Path(checkpoint).resolve()), "dlm_toolkit_version": _version(),
+            "policy_hash": policy.config_hash()}
+    if seed is not None:
+        tags["seed"] = str(seed)
+    run = _retry(tracker.client.create_run, tracker.experiment_id, run_name=tags["mlflow.runName"], tags=tags)
+    trial = TrialRun(tracker.client, run.info.run_id)
+    try:
+        trial.log_params({**policy.flat(), "task": task, **({"n": n} if n is not None else {}),
+                          **({"seed": seed} if seed is not None else {})})
+        _retry(tracker.client.log_text, run.info.run_id, policy.canonical_json(), "policy.json")
+        if getattr(result, "records", None):
+            trial.log_records(result.records)
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        _retry(tracker.client.log_batch, run.info.run_id,
+               metrics=[Metric(k, float(v), now, 0) for k, v in result.metrics.items()])
+        _retry(tracker.client.set_terminated, run.info.run_id, "FINISHED")
+    except BaseException:
+        _retry(tracker.client.set_terminated, run.info.run_id, "FAILED")
+        raise
+    return run.info.run_id

@@ -1,0 +1,1 @@
+"""An example dlm-toolkit strategy plug-in (see ``rules.py`` and ``tests/test_rule.py``)."""

@@ -1,0 +1,309 @@
+"""Sweeps: experiment validation, real Optuna studies (SQLite in tmp) logged in real MLflow (SQLite in tmp).
+
+The model is a tiny random LLaDA2 checkpoint (accuracy ~0): these tests check the mechanics —
+trials, presets, resume, failures, pruning, tracking, replay — and the front on hand-made points.
+Process-level behaviour (kill -9 and resume, two workers) is in test_sweep_processes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from optuna.trial import TrialState
+
+from dlm_toolkit.cli import main
+from dlm_toolkit.config import ConfigError, load_policy
+from dlm_toolkit.sweep.experiment import load_experiment
+from dlm_toolkit.sweep.pareto import (
+    TrialPoint,
+    dominates,
+    format_table,
+    front_auc,
+    hypervolume_2d,
+    non_dominated,
+    summarize_points,
+    write_all,
+)
+from dlm_toolkit.sweep.study import load_study, run_sweep, trial_policy
+
+import sweep_helpers as h
+
+FLAT_METRICS = {"accuracy", "tpf", "nfe_mean", "wall_time_s", "edits_per_token", "tokens_per_second"}
+
+
+# -- the front on hand-made points ---------------------------------------------------------------
+def test_front_hypervolume_auc_and_preset_dominance_on_hand_made_points(tmp_path):
+    mm = ("maximize", "maximize")
+    assert dominates((0.5, 2.0), (0.4, 2.0), mm) and not dominates((0.5, 2.0), (0.5, 2.0), mm)
+    assert dominates((0.5, 1.0), (0.5, 2.0), ("maximize", "minimize"))
+    # (accuracy, tpf): 0..3 form the front; 4 is dominated by 1; 5 duplicates 2 (both kept)
+    acc_tpf = [(0.9, 1.0), (0.8, 2.0), (0.5, 3.0), (0.2, 4.0), (0.7, 1.5), (0.5, 3.0)]
+    assert non_dominated(acc_tpf, mm) == [0, 1, 2, 3, 5]
+    # staircase area with reference (0, 0): 0.9*1 + 0.8*1 + 0.5*1 + 0.2*1
+    assert hypervolume_2d(acc_tpf) == pytest.approx(2.4)
+    assert hypervolume_2d([(0.5, 2.0)]) == pytest.approx(1.0)
+    # trapezoids through (1, .9) (2, .8) (3, .5) (4, .2)
+    assert front_auc(acc_tpf) == pytest.approx(0.85 + 0.65 + 0.35)
+    assert front_auc([(0.5, 2.0)]) == 0.0
+
+    points = [TrialPoint(i, {"accuracy": a, "tpf": t}, {"m2t.params.threshold": 0.1 * i}) for i, (a, t) in enumerate(acc_tpf)]
+    points[4].preset = "q"  # (0.7, 1.5)
+    points.append(TrialPoint(6, {"accuracy": 0.3, "tpf": 1.0}, {}, preset="s"))
+    summary = summarize_points("hand", {"accuracy": "maximize", "tpf": "maximize"}, points, preset_names=["s", "q", "x"])
+    assert [p.trial for p in summary.front] == [0, 1, 2, 5, 3]  # sorted by TPF
+    assert summary.dominated_by == {"q": [1], "s": [0, 1, 2, 4, 5], "x": []}
+    assert summary.presets["x"] is None
+    assert summary.speedup_at_quality["q"]["trial"] == 1 and summary.speedup_at_quality["q"]["ratio"] == pytest.approx(2.0 / 1.5)
+    rows = {r["trial"]: r for r in summary.rows()}
+    assert rows[1]["dominates q"] is True and rows[0]["dominates q"] is False and rows[3]["dominates s"] is False
+    assert rows[1]["dominates x"] is None and rows[1]["params"] == {"m2t.params.threshold": 0.1}
+    files = write_all(summary, tmp_path / "out")
+    assert files["png"].read_bytes()[:4] == b"\x89PNG"
+    csv_lines = files["csv"].read_text().splitlines()
+    assert len(csv_lines) == 1 + len(points) and "on_front" in csv_lines[0]
+    assert json.loads(files["json"].read_text())["hypervolume"] == pytest.approx(summary.hypervolume)
+    assert "dominated by 1 trial(s) [1]" in format_table(summary)
+
+
+# -- validation before anything runs ------------------------------------------------------------
+BAD_EXPERIMENTS = [
+    ({"bogus": 1}, "bogus"),
+    ({"search_space": {"m2t.params.threshold": {"float": [0.3, 1.5]}}},
+     "search_space.m2t.params.threshold: range [0.3, 1.5] is outside the allowed range of m2t rule 'threshold' field 'threshold' (0.0 < x <= 1.0)"),
+    ({"search_space": {"m2t.params.treshold": {"float": [0.3, 0.9]}}}, "has no field 'treshold'"),
+    ({"search_space": {"t2t.name": {"categorical": ["none", "threshold"]}, "t2t.params.threshold": {"float": [0.0, 0.9]}}},
+     "t2t rule 'none' (a choice of t2t.name) has no field 'threshold'"),
+    ({"search_space": {"t2t.name": {"categorical": ["none", "nope"]}}}, "unknown t2t rule 'nope'; available:"),
+    ({"search_space": {"blocks.params.block_length": {"int": [0, 32]}}}, "allowed range of blocks rule 'semi_ar' field 'block_length' (1 <= x <= 4096)"),
+    ({"search_space": {"m2t.params.threshold": {"float": [0.3, 0.9], "when": {"t2t.name": "threshold"}}}}, "when: 't2t.name' must be a categorical key"),
+    ({"search_space": {"nonsense.key": {"float": [0, 1]}}}, "unknown key"),
+    ({"sampler": "cmaes"}, "sampler.name"),
+    ({"sampler": "grid"}, "grid needs a finite search space"),
+    ({"task": "multiply"}, "unknown task 'multiply'; available tasks: add"),
+    ({"pruning": {"rule": "median"}}, "needs exactly one objective"),
+    ({"objectives": {"speed": "maximize"}}, "unknown metric 'speed'"),
+    ({"presets_to_enqueue": ["llada9"]}, "unknown preset"),
+]
+
+
+@pytest.mark.parametrize("change, fragment", BAD_EXPERIMENTS)
+def test_bad_experiment_is_a_config_error(change, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_experiment(h.experiment(**change))
+    assert fragment in str(err.value)
+
+
+def test_relative_model_path_is_resolved_against_the_yaml_folder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    f = h.write_yaml(tmp_path / "sub" / "e.yaml", h.experiment(model="../ckpt"))
+    exp = load_experiment(f)
+    assert exp.model == str((tmp_path / "ckpt").resolve()) and exp.default_name == "t"
+    assert exp.source == f.resolve()
+
+
+@pytest.mark.parametrize(
+    "change, extra, fragment",
+    [
+        ({"search_space": {"m2t.params.threshold": {"float": [0.3, 1.5]}}}, [], "0.0 < x <= 1.0"),
+        ({"sampler": "cmaes"}, [], "sampler"),
+        ({"task": "multiply"}, [], "available tasks"),
+        ({"model": "/nonexistent/ckpt"}, [], "does not exist"),
+        ({}, ["--storage", "postgresql://nohost/db"], "storage 'postgresql://nohost/db'"),
+        ({}, ["--storage", "sqlite:///{tmp}/missing/optuna.db"], "does not exist"),
+        ({}, ["--tracking-uri", "sqlite:///{tmp}/missing/mlflow.db"], "does not exist"),
+        ({}, ["--set", "m2t.params.threshold=2"], "m2t.params.threshold"),
+        ({}, ["--set", "foo.bar=1"], "unknown key"),
+        ({"n_trials": None}, [], "n_trials"),
+        ({}, ["--workers", "0"], "workers"),
+    ],
+)
+def test_sweep_cli_bad_input_exits_2_before_anything_runs(tmp_path, capsys, change, extra, fragment):
+    f = h.write_yaml(tmp_path / "e.yaml", h.experiment(**{"n_trials": 2, **change}))
+    args = ["sweep", str(f), "--storage", f"sqlite:///{tmp_path}/optuna.db",
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--no-progress"]
+    args += [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran, nothing was tracked
+    if "--storage" not in extra or "postgresql" in " ".join(extra):
+        assert not (tmp_path / "optuna.db").exists() or "postgresql" in " ".join(extra)
+
+
+def test_sweep_cli_subprocess_exit_code_2_without_traceback(tmp_path):
+    f = h.write_yaml(tmp_path / "e.yaml", h.experiment(n_trials=2, search_space={"m2t.params.threshold": {"float": [0.0, 0.9]}}))
+    proc = h.dlm("sweep", str(f), "--storage", f"sqlite:///{tmp_path}/o.db", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "m2t.params.threshold: range [0.0, 0.9] is outside the allowed range" in proc.stderr
+    assert not (tmp_path / "o.db").exists()
+
+
+# -- a real sweep --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One in-process sweep of 5 trials (2 presets + 3 random), then the same command again."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    exp = load_experiment(h.write_yaml(tmp / "exp.yaml", h.experiment()))
+    storage, uri = f"sqlite:///{tmp}/optuna.db", h.tracking_uri(tmp)
+    first = run_sweep(exp, 5, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2)
+    again = run_sweep(exp, 5, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2)
+    return {"tmp": tmp, "exp": exp, "storage": storage, "uri": uri, "first": first, "again": again}
+
+
+def test_sweep_trials_presets_and_policies(swept):
+    study = load_study(swept["storage"], "t")
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 5  # the rerun added nothing
+    assert swept["first"].complete and swept["again"].counts.counted == 5
+    assert [t.user_attrs.get("preset") for t in trials] == ["llada2.1-s", "llada2.1-q", None, None, None]
+    assert study.user_attrs["presets_enqueued"] == ["llada2.1-s", "llada2.1-q"]
+    for t, name in zip(trials, ["llada2.1-s", "llada2.1-q"]):
+        assert t.user_attrs["policy"] == load_policy(name).canonical_json()
+    for t in trials[2:]:
+        policy = trial_policy(swept["exp"], t.params)
+        assert t.user_attrs["policy"] == policy.canonical_json()
+        assert t.user_attrs["policy_hash"] == policy.config_hash()
+        assert policy.m2t.params["threshold"] == t.params["m2t.params.threshold"]
+        if t.params["t2t.name"] == "none":
+            assert policy.t2t.name == "none" and "t2t.params.threshold" not in t.params
+        else:
+            assert policy.t2t.params["threshold"] == t.params["t2t.params.threshold"]
+    for t in trials:
+        assert set(t.user_attrs["metrics"]) >= FLAT_METRICS and t.values == [t.user_attrs["metrics"]["accuracy"], t.user_attrs["metrics"]["tpf"]]
+    settings = study.user_attrs["experiment"]
+    assert settings["n"] == 8 and settings["model"] == str(h.checkpoint()) and settings["base_policy"]["m2t"]["name"] == "threshold"
+
+
+def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(swept["uri"])
+    runs = h.runs(swept["uri"])
+    parents = [r for r in runs if r.data.tags.get("kind") == "study"]
+    children = [r for r in runs if r.data.tags.get("kind") == "trial"]
+    assert len(parents) == 1 and len(children) == 5  # the rerun found the parent again
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["study_name"] == "t"
+    assert parent.data.tags["storage"] == swept["storage"] and parent.info.run_id == swept["first"].parent_run_id
+    assert {"pareto.png", "pareto.csv", "pareto.json", "experiment.json", "exp.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"front_size", "n_complete", "hypervolume", "auc"} <= set(parent.data.metrics)
+    study = load_study(swept["storage"], "t")
+    by_number = {t.number: t for t in study.get_trials()}
+    import dlm_toolkit
+
+    for run in children:
+        t = by_number[int(run.data.tags["trial_number"])]
+        assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.info.run_id == t.user_attrs["mlflow_run_id"]
+        tags = run.data.tags
+        assert tags["policy_hash"] == t.user_attrs["policy_hash"] and tags["study_name"] == "t"
+        assert tags["dlm_toolkit_version"] == dlm_toolkit.__version__ and tags["seed"] == "0"
+        assert tags["task"] == "add" and tags["checkpoint"] == str(h.checkpoint()) and tags["trial_state"] == "COMPLETE"
+        policy = load_policy(json.loads(t.user_attrs["policy"]))
+        assert run.data.params == {k: str(v) for k, v in policy.flat().items()}
+        assert FLAT_METRICS <= set(run.data.metrics)
+        assert run.data.metrics["tpf"] == pytest.approx(t.user_attrs["metrics"]["tpf"])
+        path = client.download_artifacts(run.info.run_id, "policy.json", str(tmp_path))
+        assert open(path).read() == t.user_attrs["policy"]  # the canonical JSON, source of truth
+        assert client.get_metric_history(run.info.run_id, "running_accuracy")[-1].step == 8
+        assert "records.jsonl" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_resume_adds_trials_up_to_n_and_never_reenqueues_presets(swept):
+    exp, storage, uri = swept["exp"], swept["storage"], swept["uri"]
+    result = run_sweep(exp, 6, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2)
+    trials = load_study(storage, "t").get_trials()
+    assert len(trials) == 6 and result.counts.counted == 6
+    assert [t.user_attrs.get("preset") for t in trials].count("llada2.1-q") == 1
+    assert len([r for r in h.runs(uri) if r.data.tags.get("kind") == "study"]) == 1
+    with pytest.raises(ConfigError, match=r"different settings \(n: 8 -> 16\)"):
+        run_sweep(load_experiment(h.experiment(n=16)), 7, storage=storage, tracking_uri=uri, progress=False)
+
+
+def test_replay_reproduces_stored_metrics(swept, capsys):
+    assert main(["replay", "--storage", swept["storage"], "--study-name", "t", "--trial", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["match"] and out["mismatches"] == [] and "accuracy" in out["compared"]
+    stored = load_study(swept["storage"], "t").trials[3].user_attrs["metrics"]
+    assert out["metrics"]["tpf"] == stored["tpf"] and out["metrics"]["nfe_mean"] == stored["nfe_mean"]
+    assert main(["replay", "--storage", swept["storage"], "--study-name", "t", "--trial", "99"]) == 2
+    assert "no such trial" in capsys.readouterr().err
+    assert main(["replay", "--storage", swept["storage"], "--study-name", "nope", "--trial", "0"]) == 2
+    assert "no study named 'nope'" in capsys.readouterr().err
+
+
+def test_pareto_cli_table_json_and_logging(swept, capsys, tmp_path):
+    args = ["pareto", "--storage", swept["storage"], "--study-name", "t", "--tracking-uri", swept["uri"]]
+    assert main(args + ["--json", "--out", str(tmp_path / "p")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mlflow_parent_run_id"] == swept["first"].parent_run_id
+    assert out["front"] and {"trial", "accuracy", "tpf", "params", "dominates llada2.1-s", "dominates llada2.1-q"} <= set(out["front"][0])
+    assert set(out["presets"]) == {"llada2.1-s", "llada2.1-q"} and out["hypervolume_reference"] == {"accuracy": 0.0, "tpf": 0.0}
+    assert (tmp_path / "p" / "pareto.png").exists() and (tmp_path / "p" / "pareto.csv").exists()
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "Pareto front of study 't'" in text and "dom llada2.1-q" in text and "TPF = generated tokens" in text
+    assert main(["pareto", "--storage", f"sqlite:///{tmp_path}/none.db", "--study-name", "t"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+# -- failures and pruning ------------------------------------------------------------------------
+BOOM = '''
+from pydantic import Field
+from dlm_toolkit import StrategyConfig, UnmaskRule
+
+class BoomUnmask(UnmaskRule):
+    """Validates like `threshold` but raises when called."""
+    class Config(StrategyConfig):
+        threshold: float = Field(0.9, gt=0.0, le=1.0)
+
+    def __call__(self, ctx):
+        raise RuntimeError(f"boom: deliberately failing rule (threshold {self.config.threshold:.2f})")
+'''
+
+
+def test_failing_policy_is_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
+    (tmp_path / "sweep_boom_rule.py").write_text(textwrap.dedent(BOOM))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exp = load_experiment(h.experiment(search_space={
+        "m2t.name": {"categorical": ["sweep_boom_rule:BoomUnmask"]},
+        "m2t.params.threshold": {"float": [0.3, 0.9]},
+    }))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    result = run_sweep(exp, 4, storage=storage, tracking_uri=uri, progress=False)
+    trials = load_study(storage, "t").get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] * 2  # presets pass
+    assert result.counts.counted == 4 and result.counts.failed == 2 and result.complete
+    for t in trials[2:]:
+        assert t.user_attrs["error"].startswith("RuntimeError: boom: deliberately failing rule")
+    runs = {r.data.tags.get("trial_number"): r for r in h.runs(uri) if r.data.tags.get("kind") == "trial"}
+    for n in ("2", "3"):
+        assert runs[n].info.status == "FAILED" and runs[n].data.tags["trial_state"] == "FAIL"
+        assert "boom: deliberately failing rule" in runs[n].data.tags["error"]
+        assert runs[n].data.params["m2t.name"] == "sweep_boom_rule:BoomUnmask"  # the policy was built and logged
+    assert all(r.info.status != "RUNNING" for r in h.runs(uri))
+
+
+def test_threshold_pruning_with_two_objectives(tmp_path):
+    exp = load_experiment(h.experiment(pruning={"rule": "threshold", "min_quality": 0.5, "after": 4},
+                                       presets_to_enqueue=["llada2.1-q"]))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False)
+    trials = load_study(storage, "t").get_trials()
+    assert [t.state for t in trials] == [TrialState.PRUNED] * 3 and result.counts.counted == 3
+    assert all(t.user_attrs["pruned_at"]["n"] == 4 for t in trials)  # after the first batch of 4
+    assert result.summary.front == [] and result.summary.counts["pruned"] == 3
+    children = [r for r in h.runs(uri) if r.data.tags.get("kind") == "trial"]
+    assert {(r.info.status, r.data.tags["trial_state"]) for r in children} == {("FINISHED", "PRUNED")}
+
+
+def test_median_pruning_single_objective_reports_intermediate_values(tmp_path):
+    exp = load_experiment(h.experiment(objectives={"tpf": "maximize"}, presets_to_enqueue=[],
+                                       pruning={"rule": "median", "after": 1, "n_startup_trials": 1}))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False)
+    trials = load_study(storage, "t").get_trials()
+    assert result.counts.counted == 3 and all(set(t.intermediate_values) >= {4} for t in trials)
+    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}
