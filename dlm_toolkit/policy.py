@@ -8,6 +8,7 @@ import torch
 
 from dlm_toolkit.config import PolicyConfig, RoleSpec, SamplingConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
+from dlm_toolkit.selection import remaskable
 from dlm_toolkit.strategy import (
     BlockSchedule,
     EditRule,
@@ -108,8 +109,7 @@ class DecodingPolicy:
                 f"active block has {int(ctx.fillable[r].sum())} masked positions (every step must make progress)"
             )
         ctx.edit = self._run(self.t2t, ctx, memory, ctx.editable, "editable (written, non-prompt, in the edit window)")
-        allowed = ctx.editable & ~ctx.edit & has_masks[:, None]
-        ctx.remask = self._run(self.remask, ctx, memory, allowed, "remaskable (written, not edited now, block has masks)")
+        ctx.remask = self._run(self.remask, ctx, memory, remaskable(ctx), "remaskable (written, in the active block, not edited now, block has masks)")
         if ctx.remask.any():
             net = ctx.commit.sum(1) - ctx.remask.sum(1)
             bad = has_masks & (net < 1)

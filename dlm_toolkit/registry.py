@@ -59,7 +59,8 @@ class Registry(Generic[T]):
                     f"({old.source}) and by {_qualname(cls)}"
                 )
             plugin = _loading.get()
-            source = "built-in" if plugin == BUILTIN_PLUGIN else plugin or cls.__module__
+            builtin = plugin == BUILTIN_PLUGIN or cls.__module__.startswith(BUILTIN_MODULE + ".")
+            source = "built-in" if builtin else plugin or cls.__module__
             self._entries[name] = Entry(name, cls, source)
             cls.registered_name = name
             return cls
@@ -128,13 +129,15 @@ def load_plugins() -> None:
     order = [BUILTIN_PLUGIN] + sorted(n for n in eps if n != BUILTIN_PLUGIN)
     if os.environ.get(NO_PLUGINS_ENV, "") not in ("", "0"):
         order = [BUILTIN_PLUGIN]
+    clashes: list[PluginError] = []
     for name in order:
         token = _loading.set(name)
         try:
             importlib.import_module(eps[name])
             _plugins[name] = eps[name]
-        except PluginError:
-            raise
+        except PluginError as err:  # a name registered twice: load the rest, then raise
+            _failed[name] = str(err)
+            clashes.append(err)
         except Exception as err:  # a broken plug-in must not take the toolkit down with it
             if name == BUILTIN_PLUGIN:
                 raise
@@ -142,6 +145,8 @@ def load_plugins() -> None:
             log.warning("strategy plug-in '%s' failed to import: %s", name, _failed[name])
         finally:
             _loading.reset(token)
+    if clashes:
+        raise clashes[0]
 
 
 def plugin_status() -> dict[str, dict[str, str]]:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from dlm_toolkit.strategy import StepContext
 
 
 def top1(score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -47,14 +52,14 @@ def top2_margin(probs: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., -1] if top.shape[-1] > 1 else top[..., 0]
 
 
-def remaskable(ctx) -> torch.Tensor:
+def remaskable(ctx: StepContext) -> torch.Tensor:
     """(B, W) positions a remask rule may pick without stalling the decode: written, non-prompt,
     not edited now, inside the *active* block (M2T can refill them), in rows whose block has masks."""
     edited = ctx.edit if ctx.edit is not None else torch.zeros_like(ctx.editable)
     return ctx.editable & ~edited & ctx.in_block & ctx.fillable.any(1)[:, None]
 
 
-def remask_budget(ctx) -> torch.Tensor:
+def remask_budget(ctx: StepContext) -> torch.Tensor:
     """(B,) most positions a remask rule may pick per row: commits of this step minus one."""
     commits = ctx.commit.sum(1) if ctx.commit is not None else torch.zeros(ctx.batch_size, dtype=torch.long)
     return (commits - 1).clamp(min=0)
@@ -65,7 +70,7 @@ def remask_budget(ctx) -> torch.Tensor:
 # key what they remember by batch row (``ctx.rows``) and absolute position (``ctx.positions``).
 
 
-def remember(old: dict | None, ctx, keep: torch.Tensor, **values: torch.Tensor) -> dict:
+def remember(old: dict | None, ctx: StepContext, keep: torch.Tensor, **values: torch.Tensor) -> dict:
     """New memory ``{batch_row: {"positions": (n,), name: (n, ...)}}`` holding ``values`` at the
     ``keep`` positions of every context row; rows not forwarded now keep their old entry.
     ``old`` is not modified (a rule's memory is a value, not a shared object)."""
@@ -76,7 +81,7 @@ def remember(old: dict | None, ctx, keep: torch.Tensor, **values: torch.Tensor) 
     return new
 
 
-def recall(old: dict | None, ctx, name: str, fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def recall(old: dict | None, ctx: StepContext, name: str, fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, found)``: the remembered ``name`` at each (row, position) of the window, shaped
     ``(B, W) + fill.shape``, and a ``(B, W)`` bool telling where something was remembered."""
     b, w = ctx.positions.shape

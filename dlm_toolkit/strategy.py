@@ -115,7 +115,9 @@ class Strategy:
 
     @property
     def name(self) -> str:
-        return getattr(type(self), "registered_name", f"{type(self).__module__}:{type(self).__qualname__}")
+        # only the class's own registration counts: a subclass is not its registered parent
+        own = type(self).__dict__.get("registered_name")
+        return own or f"{type(self).__module__}:{type(self).__qualname__}"
 
     def spec(self) -> RoleSpec:
         return RoleSpec(name=self.name, params=self.config.model_dump(mode="json"))
@@ -154,7 +156,7 @@ class EditRule(Strategy):
 class RemaskRule(Strategy):
     """Remask: which written positions to turn back into the mask token this step.
 
-    Contract: the selection lies inside ``ctx.editable & ~ctx.edit``; it is only applied while
+    Contract: the selection lies inside ``ctx.editable & ctx.in_block & ~ctx.edit``; it is only applied while
     the active block still had masks at the start of the step, and must leave net progress:
     per row, ``commit.sum() - remask.sum() >= 1``. This keeps NFE bounded.
     """
@@ -201,7 +203,7 @@ class BlockSchedule(Strategy):
         return self.block_length + int(getattr(self.config, "max_post_steps", 0))
 
     def edit_region(self, state: DecodeState, ctx: StepContext) -> torch.Tensor:
-        """(B, W) positions whose written tokens T2T/remask may touch (default: the active block)."""
+        """(B, W) positions whose written tokens T2T may edit (default: the active block)."""
         return ctx.in_block
 
     def finish_step(self, state: DecodeState, ctx: StepContext) -> None:

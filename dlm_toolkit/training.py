@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
@@ -480,7 +481,7 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
     evals: list[dict[str, float]] = []
     window: list[float] = []
     stats_window: dict[str, list[float]] = {}
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     bar = tqdm(range(config.steps), desc="train", disable=not progress, unit="step")
     loss_value = float("nan")
     try:
@@ -523,13 +524,15 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
             if config.eval_n and (last or (config.eval_interval and (step + 1) % config.eval_interval == 0)):
                 result = {"step": step + 1, **quick_eval(model, tokenizer, config)}
                 evals.append(result)
-                bar.write(f"step {step + 1}: " + "  ".join(f"{k} {v:.3f}" for k, v in result.items() if k != "step"))
+                bar.write(f"step {step + 1}: " + "  ".join(f"{k} {v:.3f}" for k, v in result.items() if k != "step"),
+                          file=sys.stderr)
                 if mlflow is not None:
                     mlflow.log_metrics({f"eval.{k.replace('/', '.')}": v for k, v in result.items() if k != "step"},
                                        step=step + 1)
         bar.close()
         wall = time.perf_counter() - t_start
-        _save(model, tokenizer, config, out, wall, loss_value, history, evals)
+        cpu = time.process_time() - cpu_start
+        _save(model, tokenizer, config, out, wall, cpu, loss_value, history, evals)
         if mlflow is not None:
             mlflow.log_metric("wall_time_s", wall)
             mlflow.log_artifacts(str(out), artifact_path="checkpoint")
@@ -539,7 +542,7 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
             mlflow.end_run()
 
 
-def _save(model: LLaDA2MoeModelLM, tokenizer: Any, config: TrainConfig, out: Path, wall: float,
+def _save(model: LLaDA2MoeModelLM, tokenizer: Any, config: TrainConfig, out: Path, wall: float, cpu: float,
           final_loss: float, history: list[dict], evals: list[dict]) -> None:
     if config.save_dtype == "bfloat16":
         stored = LLaDA2MoeModelLM(model.config, dtype=torch.bfloat16)  # the router stays float32
@@ -552,6 +555,7 @@ def _save(model: LLaDA2MoeModelLM, tokenizer: Any, config: TrainConfig, out: Pat
         "config": config.model_dump(mode="json"),
         "steps": config.steps,
         "wall_time_s": round(wall, 1),
+        "cpu_time_s": round(cpu, 1),  # the machine is shared: CPU time says what the run cost
         "final_loss": final_loss,
         "final_loss_smoothed": history[-1]["loss"] if history else final_loss,
         "parameters": sum(p.numel() for p in model.parameters()),

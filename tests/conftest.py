@@ -14,3 +14,8 @@ FIXTURE = REPO.parent / "shared" / "conformance" / "llada2_tiny"
 def fixture_dir() -> Path:
     assert FIXTURE.is_dir(), f"conformance fixtures expected at {FIXTURE}"
     return FIXTURE
+
+# Tiny models: one intra-op thread avoids OpenMP spin-waiting on a loaded 2-core machine.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)

@@ -104,3 +104,16 @@ def runs(uri: str, experiment_name: str = "dlm-sweep") -> list[Any]:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment_name)
     return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
+
+
+import pytest
+
+
+@pytest.fixture(autouse=False)
+def restore_torch_threads():
+    """`--threads` sets torch's global thread count; give it back to the rest of the session."""
+    import torch
+
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)

@@ -29,6 +29,9 @@ from dlm_toolkit.sweep.pareto import (
 from dlm_toolkit.sweep.study import load_study, run_sweep, trial_policy
 
 import sweep_helpers as h
+from sweep_helpers import restore_torch_threads  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 FLAT_METRICS = {"accuracy", "tpf", "nfe_mean", "wall_time_s", "edits_per_token", "tokens_per_second"}
 
@@ -147,8 +150,8 @@ def swept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     exp = load_experiment(h.write_yaml(tmp / "exp.yaml", h.experiment()))
     storage, uri = f"sqlite:///{tmp}/optuna.db", h.tracking_uri(tmp)
-    first = run_sweep(exp, 5, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2)
-    again = run_sweep(exp, 5, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2)
+    first = run_sweep(exp, 5, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2, threads=1)
+    again = run_sweep(exp, 5, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2, threads=1)
     return {"tmp": tmp, "exp": exp, "storage": storage, "uri": uri, "first": first, "again": again}
 
 
@@ -213,17 +216,17 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
 
 def test_resume_adds_trials_up_to_n_and_never_reenqueues_presets(swept):
     exp, storage, uri = swept["exp"], swept["storage"], swept["uri"]
-    result = run_sweep(exp, 6, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2)
+    result = run_sweep(exp, 6, storage=storage, tracking_uri=uri, progress=False, heartbeat_interval=2, threads=1)
     trials = load_study(storage, "t").get_trials()
     assert len(trials) == 6 and result.counts.counted == 6
     assert [t.user_attrs.get("preset") for t in trials].count("llada2.1-q") == 1
     assert len([r for r in h.runs(uri) if r.data.tags.get("kind") == "study"]) == 1
     with pytest.raises(ConfigError, match=r"different settings \(n: 8 -> 16\)"):
-        run_sweep(load_experiment(h.experiment(n=16)), 7, storage=storage, tracking_uri=uri, progress=False)
+        run_sweep(load_experiment(h.experiment(n=16)), 7, storage=storage, tracking_uri=uri, progress=False, threads=1)
 
 
 def test_replay_reproduces_stored_metrics(swept, capsys):
-    assert main(["replay", "--storage", swept["storage"], "--study-name", "t", "--trial", "3", "--json"]) == 0
+    assert main(["replay", "--storage", swept["storage"], "--study-name", "t", "--trial", "3", "--json", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["match"] and out["mismatches"] == [] and "accuracy" in out["compared"]
     stored = load_study(swept["storage"], "t").trials[3].user_attrs["metrics"]
@@ -272,7 +275,7 @@ def test_failing_policy_is_recorded_and_the_sweep_continues(tmp_path, monkeypatc
         "m2t.params.threshold": {"float": [0.3, 0.9]},
     }))
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
-    result = run_sweep(exp, 4, storage=storage, tracking_uri=uri, progress=False)
+    result = run_sweep(exp, 4, storage=storage, tracking_uri=uri, progress=False, threads=1)
     trials = load_study(storage, "t").get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] * 2  # presets pass
     assert result.counts.counted == 4 and result.counts.failed == 2 and result.complete
@@ -290,7 +293,7 @@ def test_threshold_pruning_with_two_objectives(tmp_path):
     exp = load_experiment(h.experiment(pruning={"rule": "threshold", "min_quality": 0.5, "after": 4},
                                        presets_to_enqueue=["llada2.1-q"]))
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
-    result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False)
+    result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False, threads=1)
     trials = load_study(storage, "t").get_trials()
     assert [t.state for t in trials] == [TrialState.PRUNED] * 3 and result.counts.counted == 3
     assert all(t.user_attrs["pruned_at"]["n"] == 4 for t in trials)  # after the first batch of 4
@@ -303,7 +306,7 @@ def test_median_pruning_single_objective_reports_intermediate_values(tmp_path):
     exp = load_experiment(h.experiment(objectives={"tpf": "maximize"}, presets_to_enqueue=[],
                                        pruning={"rule": "median", "after": 1, "n_startup_trials": 1}))
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
-    result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False)
+    result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False, threads=1)
     trials = load_study(storage, "t").get_trials()
     assert result.counts.counted == 3 and all(set(t.intermediate_values) >= {4} for t in trials)
     assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}

@@ -38,6 +38,8 @@ def register(sub: Any) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base-policy key, repeatable")
     p.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS",
                    help="trial heartbeat; a trial silent for 3x this is considered dead and retried")
+    p.add_argument("--threads", type=int, help="torch CPU threads per worker (default: torch's choice; "
+                   "cpu_count/K with --workers K); tiny models decode fastest with 1")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the front as JSON instead of a table")
     p.set_defaults(func=cmd_sweep)
@@ -62,6 +64,7 @@ def register(sub: Any) -> None:
     p.add_argument("--study-name", required=True)
     p.add_argument("--trial", type=int, required=True, help="trial number")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("eval", help="evaluate one policy on a task",
@@ -76,6 +79,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
     p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
 
@@ -92,7 +96,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--heartbeat: must be >= 1 second (got {args.heartbeat})")
     result = run_sweep(exp, args.n_trials, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study_name, workers=args.workers, progress=not args.no_progress,
-                       heartbeat_interval=args.heartbeat)
+                       heartbeat_interval=args.heartbeat, threads=args.threads)
     if args.json:
         print(json.dumps({**result.summary.to_json(), "storage": args.storage, "tracking_uri": args.tracking_uri,
                           "parent_run_id": result.parent_run_id, "finished_trials": result.counts.counted,
@@ -159,6 +163,12 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
 
 # -- replay ------------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
+    if args.threads is not None and args.threads <= 0:
+        raise ConfigError(f"--threads: must be >= 1 (got {args.threads})")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     out = replay(args.storage, args.study_name, args.trial)
     if args.json:
         print(json.dumps(out))
@@ -221,6 +231,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
+    if args.threads is not None and args.threads <= 0:
+        raise ConfigError(f"--threads: must be >= 1 (got {args.threads})")
     task = get_task(args.task)
     policy = policy_from_args(args)
     if not Path(args.checkpoint).is_dir():
@@ -233,6 +245,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
 
     model, tokenizer = load_checkpoint(args.checkpoint)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
                       progress=not args.no_progress)
     run_id = None

@@ -505,6 +505,7 @@ def run_sweep(
     *,
     heartbeat_interval: int = DEFAULT_HEARTBEAT,
     grace_period: int | None = None,
+    threads: int | None = None,
 ) -> SweepResult:
     """Search decoding policies for ``experiment`` until the study holds ``n_trials`` finished trials.
 
@@ -519,6 +520,8 @@ def run_sweep(
         progress: tqdm bar (stderr) with the number of finished trials and the front size.
         heartbeat_interval, grace_period: seconds; a trial without heartbeat for
             ``grace_period`` (default 3 x interval) is considered dead and retried.
+        threads: torch CPU threads per worker (default: torch's choice with one worker,
+            ``cpu_count // workers`` with several). Tiny models decode fastest with 1.
 
     Raises:
         ConfigError: any invalid input (before any trial runs).
@@ -529,6 +532,8 @@ def run_sweep(
         raise ConfigError(f"n_trials: must be an integer >= 1 (got {n_trials!r}); give --n-trials or n_trials in the file")
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers: must be an integer >= 1 (got {workers!r})")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
     name = study_name or exp.default_name
     model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval, grace_period)
     study = create_or_resume(exp, store, name)
@@ -536,16 +541,22 @@ def run_sweep(
     parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
     bar = _Progress(study, n_trials, enabled=progress)
     status = "KILLED"
+    import torch
+
+    saved_threads = torch.get_num_threads()
     try:
         if workers == 1:
+            if threads:
+                torch.set_num_threads(threads)
             runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write)
             counts = runner.run(on_progress=bar.update)
         else:
             del model, tokenizer
             counts = _run_workers(exp, storage, tracking_uri, name, n_trials, parent, workers,
-                                  heartbeat_interval, grace_period, bar)
+                                  heartbeat_interval, grace_period, bar, threads)
         status = "FINISHED" if counts.counted >= n_trials or _grid_exhausted(study) else "FAILED"
     finally:
+        torch.set_num_threads(saved_threads)
         bar.close()
         with _optuna_quiet():
             from optuna.storages import fail_stale_trials
@@ -587,8 +598,8 @@ class _Progress:
 
 def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: str, n_trials: int,
                  parent: str, workers: int, heartbeat_interval: int, grace_period: int | None,
-                 bar: _Progress) -> Counts:
-    threads = max(1, (os.cpu_count() or 1) // workers)
+                 bar: _Progress, threads: int | None = None) -> Counts:
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
     procs = []
     for k in range(workers):
         payload = {"experiment": exp.settings(), "source": str(exp.source) if exp.source else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from dlm_toolkit.config import ConfigError
@@ -21,4 +22,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Every storage/tracking write is committed synchronously; skip the slow interpreter teardown
+    # (torch, SQLAlchemy pools, MLflow) so the coordinator sees the worker finish promptly.
+    os._exit(code)

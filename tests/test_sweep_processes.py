@@ -1,0 +1,93 @@
+"""Sweeps across processes: `dlm sweep` killed with SIGKILL mid-trial then resumed; two workers on one study."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from dlm_toolkit.sweep.experiment import load_experiment
+from dlm_toolkit.sweep.study import is_counted, load_study, run_sweep
+
+import sweep_helpers as h
+
+
+def _trials(storage: str) -> list:
+    try:
+        return load_study(storage, "t").get_trials(deepcopy=False)
+    except Exception:  # the study (or the file) does not exist yet
+        return []
+
+
+def test_kill_9_mid_trial_then_same_command_resumes_to_n(tmp_path):
+    f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=16, n_trials=4))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    cmd = ["sweep", str(f), "--storage", storage, "--tracking-uri", uri, "--heartbeat", "1", "--threads", "1",
+           "--no-progress"]
+    proc = subprocess.Popen([*h.DLM, *cmd], cwd=tmp_path, env=h.env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    deadline = time.time() + 180
+    try:
+        while True:  # wait until >= 1 trial finished and another one is running
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert time.time() < deadline, "no trial finished in time"
+            trials = _trials(storage)
+            if any(t.state == TrialState.COMPLETE for t in trials) and any(t.state == TrialState.RUNNING for t in trials):
+                break
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {t.number: t.values for t in _trials(storage) if t.state == TrialState.COMPLETE}
+    killed = [t.number for t in _trials(storage) if t.state == TrialState.RUNNING]
+    assert before and killed
+    assert any(r.info.status == "RUNNING" for r in h.runs(uri) if r.data.tags.get("kind") == "trial")
+
+    again = h.dlm(*cmd, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "Pareto front of study 't'" in again.stdout and "mlflow ui --backend-store-uri" in again.stdout
+
+    trials = _trials(storage)
+    assert sum(is_counted(t) for t in trials) == 4  # exactly N finished trials
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 and len({t.number for t in complete}) == 4
+    for number, values in before.items():  # finished trials were kept, not redone
+        assert trials[number].state == TrialState.COMPLETE and trials[number].values == values
+    for number in killed:  # the killed trial was failed by its heartbeat and retried with the same params
+        assert trials[number].state == TrialState.FAIL and not trials[number].user_attrs.get("error")
+        retry = [t for t in trials if number in t.system_attrs.get("retry_history", [])]
+        assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].params == trials[number].params
+    assert [t.user_attrs.get("preset") for t in complete].count("llada2.1-q") == 1
+
+    runs = h.runs(uri)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    assert len([r for r in runs if r.data.tags.get("kind") == "study"]) == 1
+    trial_runs = [r for r in runs if r.data.tags.get("kind") == "trial"]
+    finished = sorted(int(r.data.tags["trial_number"]) for r in trial_runs if r.info.status == "FINISHED")
+    assert finished == sorted(t.number for t in complete)  # one run per finished trial, none duplicated
+    for number in killed:
+        (run,) = [r for r in trial_runs if r.data.tags["trial_number"] == str(number)]
+        assert run.info.status == "KILLED" and "retried as trial" in run.data.tags["killed_reason"]
+
+
+def test_two_workers_share_one_study(tmp_path):
+    exp = load_experiment(h.experiment(n=16))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    result = run_sweep(exp, 6, storage=storage, tracking_uri=uri, workers=2, progress=False, threads=1,
+                       heartbeat_interval=2)
+    trials = load_study(storage, "t").get_trials()
+    assert result.counts.counted == 6 and sum(is_counted(t) for t in trials) == 6
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    workers = {t.user_attrs["worker"] for t in complete}
+    assert len(workers) == 2, f"only {workers} ran trials"
+    assert [t.user_attrs.get("preset") for t in trials].count("llada2.1-s") == 1
+    runs = h.runs(uri)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs if r.data.tags.get("kind") == "trial"
+                  and r.info.status == "FINISHED") == sorted(t.number for t in complete)
+    parent = [r for r in runs if r.data.tags.get("kind") == "study"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
