@@ -95,7 +95,7 @@ def forward_window(model: DiffusionLM, state: DecodeState, rows: torch.Tensor, l
     span = int((q_end - q_start).max())
     pos = q_end[:, None] - span + torch.arange(span)  # (R, T) absolute, left-padded
     real = pos >= q_start[:, None]
-    ids = state.canvas[rows].gather(1, pos.clamp(min=0))  # (R, T)
+    ids = state.canvas[rows[:, None], pos.clamp(min=0)]  # (R, T)
     if model.attention == "full":
         allowed = real[:, None, :].expand(-1, span, -1)
     else:
@@ -128,14 +128,13 @@ def step_context(policy: DecodingPolicy, state: DecodeState, rows: torch.Tensor,
     width = logits.shape[1]
     positions = start[:, None] + torch.arange(width)  # (R, W)
     valid = positions >= lo[:, None].clamp(min=0)
-    canvas = state.canvas[rows]
-    tokens = canvas.gather(1, positions.clamp(min=0))
+    idx = (rows[:, None], positions.clamp(min=0))
+    tokens = state.canvas[idx]
     masked = (tokens == state.mask_token_id) & valid
     block_lo, block_hi = state.block_bounds(rows)
     in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
     is_prompt = positions < state.prompt_len[rows, None]
     sampled, confidence, probs = policy.sample(logits, state.mask_token_id, state.generator)
-    idx = positions.clamp(min=0)
     ctx = StepContext(
         rows=rows,
         positions=positions,
@@ -148,8 +147,8 @@ def step_context(policy: DecodingPolicy, state: DecodeState, rows: torch.Tensor,
         sampled=sampled,
         confidence=confidence,
         logits=logits,
-        written_step=state.written_step[rows].gather(1, idx),
-        written_conf=state.written_conf[rows].gather(1, idx),
+        written_step=state.written_step[idx],
+        written_conf=state.written_conf[idx],
         step=state.nfe[rows],
         block=state.block[rows],
         block_step=state.block_step[rows],
@@ -191,4 +190,5 @@ def write(state: DecodeState, ctx: StepContext) -> None:
         dim=1,
     )
     state.counts.index_add_(0, rows, step_counts)
+    state.block_masked[rows] -= n_commit - step_counts[:, 3]  # commits and remasks stay in the block
     state.block_step[rows] += 1

@@ -36,6 +36,7 @@ class DecodeState:
     post: torch.Tensor  # (N,) post-step counter of the active block
     block_step: torch.Tensor  # (N,) forwards in the active block
     block_masked_start: torch.Tensor  # (N,) masked positions of the active block when it began
+    block_masked: torch.Tensor  # (N,) masked positions of the active block now
     done: torch.Tensor  # (N,) bool
     eos_stopped: torch.Tensor  # (N,) bool: stopped early at an EOS
     written_step: torch.Tensor  # (N, Lmax) long, -1 where never written
@@ -86,6 +87,7 @@ class DecodeState:
             post=zeros.clone(),
             block_step=zeros.clone(),
             block_masked_start=zeros.clone(),
+            block_masked=zeros.clone(),
             done=torch.zeros(n, dtype=torch.bool),
             eos_stopped=torch.zeros(n, dtype=torch.bool),
             written_step=torch.full((n, lmax), -1, dtype=torch.long),
@@ -93,6 +95,7 @@ class DecodeState:
         )
         state.counts = torch.zeros(n, len(COUNTERS), dtype=torch.long)
         state.block_masked_start = state.masked_in_block(torch.arange(n))
+        state.block_masked = state.block_masked_start.clone()
         return state
 
     @property
@@ -111,11 +114,11 @@ class DecodeState:
         return lo, lo + self.block_length
 
     def masked_in_block(self, rows: torch.Tensor) -> torch.Tensor:
-        """(R,) number of masked positions in the active block of each row."""
+        """(R,) number of masked positions in the active block of each row, counted on the canvas
+        (the engine keeps ``block_masked`` up to date without recounting)."""
         lo, _ = self.block_bounds(rows)
-        idx = lo[:, None] + torch.arange(self.block_length)  # (R, Bl)
-        idx = idx.clamp(max=self.canvas.shape[1] - 1)
-        return (self.canvas[rows].gather(1, idx) == self.mask_token_id).sum(1)
+        idx = (lo[:, None] + torch.arange(self.block_length)).clamp(max=self.canvas.shape[1] - 1)  # (R, Bl)
+        return (self.canvas[rows[:, None], idx] == self.mask_token_id).sum(1)
 
     def generated_span(self, rows: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """(R, Lmax) bool: positions ``[prompt_len, hi)`` of each row."""
@@ -143,6 +146,7 @@ class DecodeState:
         self.post[rows] = 0
         self.block_step[rows] = 0
         self.block_masked_start[rows] = self.masked_in_block(rows)
+        self.block_masked[rows] = self.block_masked_start[rows]
 
     def result(self, wall_time: float) -> DecodeResult:
         rows = []

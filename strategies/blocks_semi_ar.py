@@ -37,7 +37,7 @@ class SemiAutoregressive(BlockSchedule):
         check = ~state.done
         while check.any():
             rows = check.nonzero().squeeze(1)
-            no_mask = state.masked_in_block(rows) == 0
+            no_mask = state.block_masked[rows] == 0
             state.post[rows[no_mask]] += 1
             over = no_mask & (state.post[rows] > self.config.max_post_steps)  # checked before the forward
             ready[rows[~over]] = True
