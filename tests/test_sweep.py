@@ -295,11 +295,14 @@ def test_threshold_pruning_with_two_objectives(tmp_path):
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
     result = run_sweep(exp, 3, storage=storage, tracking_uri=uri, progress=False, threads=1)
     trials = load_study(storage, "t").get_trials()
-    assert [t.state for t in trials] == [TrialState.PRUNED] * 3 and result.counts.counted == 3
-    assert all(t.user_attrs["pruned_at"]["n"] == 4 for t in trials)  # after the first batch of 4
-    assert result.summary.front == [] and result.summary.counts["pruned"] == 3
-    children = [r for r in h.runs(uri) if r.data.tags.get("kind") == "trial"]
-    assert {(r.info.status, r.data.tags["trial_state"]) for r in children} == {("FINISHED", "PRUNED")}
+    # the preset is never pruned (reference point); the random model's accuracy is 0 < 0.5
+    assert [t.state for t in trials] == [TrialState.COMPLETE] + [TrialState.PRUNED] * 2
+    assert result.counts.counted == 3 and result.counts.pruned == 2
+    assert all(t.user_attrs["pruned_at"]["n"] == 4 for t in trials[1:])  # after the first batch of 4
+    assert [p.trial for p in result.summary.front] == [0] and result.summary.counts["pruned"] == 2
+    children = {r.data.tags["trial_number"]: r for r in h.runs(uri) if r.data.tags.get("kind") == "trial"}
+    assert children["0"].data.tags["trial_state"] == "COMPLETE"
+    assert {(children[n].info.status, children[n].data.tags["trial_state"]) for n in "12"} == {("FINISHED", "PRUNED")}
 
 
 def test_median_pruning_single_objective_reports_intermediate_values(tmp_path):
@@ -310,3 +313,9 @@ def test_median_pruning_single_objective_reports_intermediate_values(tmp_path):
     trials = load_study(storage, "t").get_trials()
     assert result.counts.counted == 3 and all(set(t.intermediate_values) >= {4} for t in trials)
     assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.PRUNED}
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "sort.yaml"])
+def test_shipped_experiment_files_validate(name):
+    exp = load_experiment(h.REPO / "experiments" / name)
+    assert exp.model == str(h.REPO / "checkpoints" / "testbed-editable") and exp.n_trials

@@ -17,7 +17,8 @@ from dlm_toolkit.config import ConfigError
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # Metrics compared by `dlm replay`; wall time and tokens/s depend on the machine's load.
-DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token", "n")
+DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token",
+                         "forward_tokens_per_token", "n")
 TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 
 
@@ -107,6 +108,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         c = result.counts
         print(f"study '{result.study_name}': {c.counted}/{result.n_trials} finished trials "
               f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed)"
+              + (" -- the grid is exhausted" if result.exhausted and c.counted < result.n_trials else "")
               + ("" if result.complete else " -- rerun the same command to resume"))
         print(open_hints(args.storage, args.tracking_uri, result.study_name))
     return 0 if result.complete else 1

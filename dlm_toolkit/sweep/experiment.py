@@ -19,6 +19,8 @@ An experiment is a YAML file (see ``experiments/README.md`` for a walk-through):
     pruning: {rule: threshold, min_quality: 0.05, after: 16}   # default: {rule: none}
     presets_to_enqueue: [llada2.1-s, llada2.1-q]          # the default
     n_trials: 24                          # default for `dlm sweep --n-trials`
+    threads: 1                            # torch threads per worker (default: torch's choice)
+    mlflow_experiment: dlm-sweep          # the default
 
 Paths: ``model``, a ``base_policy`` file and preset files are resolved against the folder of
 the YAML file (an experiment built from a dict resolves them against ``base_dir``, by default
@@ -72,6 +74,7 @@ METRICS = (
     "tokens_per_second",
     "edits_per_token",
     "remasks_per_token",
+    "forward_tokens_per_token",
     "wall_time_s",
 )
 """Metrics of :func:`dlm_toolkit.evaluate.evaluate` that can be objectives."""
@@ -220,7 +223,8 @@ class Pruning(_Frozen):
       (``n_startup_trials`` complete trials first, ``after`` = warm-up instances). Optuna does
       not support pruning multi-objective studies, so ``median`` needs exactly one objective.
 
-    Pruned trials count toward ``n_trials`` and never enter the Pareto front.
+    Pruned trials count toward ``n_trials`` and never enter the Pareto front. Preset trials
+    are never pruned (they are the reference points of the front).
     """
 
     rule: Literal["none", "threshold", "median"] = "none"
@@ -255,6 +259,7 @@ class Experiment(_Frozen):
     pruning: Pruning = Field(default_factory=Pruning)
     presets_to_enqueue: tuple[str, ...] = DEFAULT_PRESETS
     n_trials: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1)
     mlflow_experiment: str = "dlm-sweep"
 
     _source: Path | None = PrivateAttr(None)

@@ -231,7 +231,9 @@ def format_table(summary: ParetoSummary) -> str:
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if not rows:
-        lines.append("(no complete trials yet)")
+        other = ", ".join(f"{summary.counts[k]} {k}" for k in ("pruned", "failed", "running", "waiting")
+                          if summary.counts.get(k))
+        lines.append(f"(no complete trials{': ' + other if other else ''})")
     if summary.hypervolume is not None:
         lines.append(f"hypervolume (accuracy x TPF, reference (0, 0)): {summary.hypervolume:.4g}; "
                      f"AUC of accuracy over TPF along the front: {summary.auc:.4g}")
@@ -292,7 +294,7 @@ def plot(summary: ParetoSummary, path: str | Path) -> Path:
     if front:
         xs = [p.metrics["tpf"] for p in front]
         ys = [p.metrics["accuracy"] for p in front]
-        ax.step(xs, ys, where="post", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
+        ax.step(xs, ys, where="pre", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
         ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
     for i, (name, pt) in enumerate(summary.presets.items()):
         if pt is None:

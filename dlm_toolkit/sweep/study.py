@@ -29,8 +29,9 @@ Decisions (also in ``experiments/README.md``):
 
 Study user attributes: ``experiment`` (all settings, JSON; a study cannot be resumed with
 different result-relevant settings), ``presets_enqueued``, ``dlm_toolkit_version``.
-Trial user attributes: ``policy`` (canonical JSON), ``policy_hash``, ``metrics``, ``preset``,
-``error``, ``pruned_at``, ``mlflow_run_id``.
+Trial user attributes: ``policy`` (canonical JSON), ``policy_hash``, ``metrics``, ``preset`` and
+``preset_policy``, ``error``, ``pruned_at``, ``mlflow_run_id``, ``worker`` (host:pid),
+``interrupted``, ``surplus``.
 """
 
 from __future__ import annotations
@@ -260,6 +261,28 @@ def is_counted(trial: Any) -> bool:
     return trial.state == TrialState.FAIL and bool(trial.user_attrs.get("error"))
 
 
+FOREIGN_AFTER_S = 120.0
+
+
+def is_ours_running(trial: Any) -> bool:
+    """A RUNNING trial of a sweep worker (alive, or dead until its heartbeat expires).
+
+    A sweep trial records its ``worker`` within moments of starting. A RUNNING trial without it
+    after ``FOREIGN_AFTER_S`` seconds was made by something else (``study.ask()`` in a notebook);
+    it has no heartbeat and would never finish, so sweeps do not wait for it.
+    """
+    import datetime
+
+    from optuna.trial import TrialState
+
+    if trial.state != TrialState.RUNNING:
+        return False
+    if trial.user_attrs.get("worker") or trial.datetime_start is None:
+        return True
+    age = (datetime.datetime.now() - trial.datetime_start).total_seconds()
+    return age < FOREIGN_AFTER_S
+
+
 @dataclass
 class Counts:
     counted: int
@@ -276,7 +299,7 @@ class Counts:
         trials = study.get_trials(deepcopy=False)
         return cls(
             counted=sum(is_counted(t) for t in trials),
-            running=sum(t.state == TrialState.RUNNING for t in trials),
+            running=sum(is_ours_running(t) for t in trials),
             waiting=sum(t.state == TrialState.WAITING for t in trials),
             complete=sum(t.state == TrialState.COMPLETE for t in trials),
             pruned=sum(t.state == TrialState.PRUNED for t in trials),
@@ -346,7 +369,8 @@ class TrialRunner:
 
             def on_batch(n_done: int, running: Mapping[str, float]) -> None:
                 run.log_running(n_done, running)
-                self._maybe_prune(trial, n_done, running)
+                if not preset:  # presets are the reference points: never pruned
+                    self._maybe_prune(trial, n_done, running)
 
             result = evaluate(self.model, self.tokenizer, self.task, policy, exp.n, exp.seed,
                               batch_size=exp.batch_size, progress=False, on_batch=on_batch)
@@ -380,11 +404,9 @@ class TrialRunner:
             raise
 
     def _check_surplus(self, trial: Any) -> None:
-        from optuna.trial import TrialState
-
         trials = self.study.get_trials(deepcopy=False)
         counted = sum(is_counted(t) for t in trials)
-        before = sum(t.state == TrialState.RUNNING and t.number < trial.number for t in trials)
+        before = sum(is_ours_running(t) and t.number < trial.number for t in trials)
         if counted + before >= self.n_trials:
             trial.set_user_attr("surplus", True)
             raise _Surplus(f"trial {trial.number} would exceed n_trials={self.n_trials}")
@@ -406,10 +428,10 @@ class TrialRunner:
     # -- the loop ----------------------------------------------------------------------------
     def run(self, on_progress: Any = None, poll: float = 1.0) -> Counts:
         """Run trials until the study has ``n_trials`` finished ones (see module docstring)."""
-        import optuna
         from optuna.storages import fail_stale_trials
 
         study = self.study
+        told_waiting = False
         while True:
             with _optuna_quiet():
                 fail_stale_trials(study)
@@ -424,6 +446,7 @@ class TrialRunner:
                 self.echo(f"grid exhausted after {counts.counted} trials (n_trials={self.n_trials})")
                 return counts
             if not exhausted and counts.counted + counts.running < self.n_trials:
+                told_waiting = False
                 try:
                     with _optuna_quiet():
                         study.optimize(self.objective, n_trials=1, catch=(Exception,))
@@ -431,7 +454,11 @@ class TrialRunner:
                     self._requeue_interrupted()
                     raise
                 continue
-            time.sleep(poll)  # wait for running trials: other workers', or dead ones until they go stale
+            if not told_waiting:
+                self.echo(f"waiting for {counts.running} running trial(s): other workers', or dead ones until "
+                          "their heartbeat expires (then they are retried)")
+                told_waiting = True
+            time.sleep(poll)
 
     def _requeue_interrupted(self) -> None:
         """Interrupted trials are retried like killed ones (same params, same user attributes)."""
@@ -462,10 +489,12 @@ class SweepResult:
     n_trials: int
     counts: Counts
     summary: ParetoSummary
+    exhausted: bool = False  # the grid sampler ran every grid point before n_trials
 
     @property
     def complete(self) -> bool:
-        return self.counts.counted >= self.n_trials
+        """The study reached ``n_trials`` finished trials (or its grid is exhausted)."""
+        return self.counts.counted >= self.n_trials or self.exhausted
 
 
 def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_interval: int = DEFAULT_HEARTBEAT,
@@ -520,8 +549,9 @@ def run_sweep(
         progress: tqdm bar (stderr) with the number of finished trials and the front size.
         heartbeat_interval, grace_period: seconds; a trial without heartbeat for
             ``grace_period`` (default 3 x interval) is considered dead and retried.
-        threads: torch CPU threads per worker (default: torch's choice with one worker,
-            ``cpu_count // workers`` with several). Tiny models decode fastest with 1.
+        threads: torch CPU threads per worker (default: the experiment's ``threads``, else
+            torch's choice with one worker and ``cpu_count // workers`` with several). Tiny
+            models decode fastest with 1.
 
     Raises:
         ConfigError: any invalid input (before any trial runs).
@@ -534,6 +564,7 @@ def run_sweep(
         raise ConfigError(f"workers: must be an integer >= 1 (got {workers!r})")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
+    threads = threads or exp.threads
     name = study_name or exp.default_name
     model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval, grace_period)
     study = create_or_resume(exp, store, name)
@@ -566,7 +597,7 @@ def run_sweep(
         summary = summarize(study)
         tracker.log_pareto(parent, summary)
         tracker.finish_parent(parent, status)
-    return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary)
+    return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary, _grid_exhausted(study))
 
 
 class _Progress:

@@ -38,16 +38,21 @@ from dlm_toolkit.config import ConfigError, PolicyConfig
 T = TypeVar("T")
 
 KIND_STUDY, KIND_TRIAL, KIND_EVAL = "study", "trial", "eval"
-LOGGED_METRICS = ("accuracy", "tpf", "nfe_mean", "wall_time_s", "edits_per_token", "remasks_per_token",
-                  "tokens_per_second", "n")
 
 
 def hide_password(url: str) -> str:
-    """A SQLAlchemy URL with its password masked (used as the ``storage`` tag)."""
+    """A SQLAlchemy URL with its password masked and, for SQLite, an absolute path.
+
+    This is the ``storage`` tag that identifies a study's runs: ``sqlite:///optuna.db`` run from
+    two folders are two different studies.
+    """
     try:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        if parsed.drivername.startswith("sqlite") and parsed.database and parsed.database != ":memory:":
+            parsed = parsed.set(database=str(Path(parsed.database).resolve()))
+        return parsed.render_as_string(hide_password=True)
     except Exception:  # not a SQLAlchemy URL: keep as is
         return url
 
@@ -296,7 +301,7 @@ class TrialRun:
         from mlflow.entities import Metric, RunTag
 
         now = int(time.time() * 1000)
-        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if k in LOGGED_METRICS]
+        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if isinstance(v, (int, float))]
         ts = [RunTag("trial_state", trial_state)] + [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
         _retry(self.client.log_batch, self.run_id, metrics=ms, tags=ts)
         _retry(self.client.set_terminated, self.run_id, status)
