@@ -138,6 +138,8 @@ class TrainConfig(BaseModel):
     adam_betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.98)
     router_bias_rate: float = Field(1e-3, ge=0.0, le=1.0, description="aux-loss-free balancing step")
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    init_from: str | None = Field(None, description="checkpoint folder to start from (continued training); "
+                                                    "its architecture must equal the model fields above")
     threads: int = Field(1, ge=0, le=256, description="torch.set_num_threads; 0 leaves it alone")
 
     # -- evaluation, logging, saving
@@ -370,9 +372,24 @@ def loss_fn(logits: torch.Tensor, batch: Batch, config: TrainConfig) -> tuple[to
 
 
 def build_model(config: TrainConfig, tokenizer: Any) -> LLaDA2MoeModelLM:
+    """A seeded random init, or the weights of ``init_from`` (router biases included)."""
     mask_id, eos_id = special_ids(tokenizer)
     cfg = config.llada2_config(len(tokenizer.get_vocab()), mask_id, eos_id)
-    return LLaDA2MoeModelLM(cfg, dtype=torch.float32).init_weights(config.seed)
+    model = LLaDA2MoeModelLM(cfg, dtype=torch.float32).init_weights(config.seed)
+    if config.init_from is not None:
+        from dlm_toolkit.models.checkpoint import CheckpointError, load_model
+
+        try:
+            start = load_model(config.init_from)
+        except (CheckpointError, OSError) as err:
+            raise ConfigError(f"init_from: {err}") from None
+        mine, theirs = cfg.model_dump(), start.config.model_dump()
+        differ = sorted(k for k in mine if k in theirs and mine[k] != theirs[k])
+        if differ:
+            raise ConfigError(f"init_from: {config.init_from} has a different architecture ("
+                              + ", ".join(f"{k}: {theirs[k]} there, {mine[k]} here" for k in differ) + ")")
+        model.load_state_dict(start.state_dict())
+    return model
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -559,11 +576,22 @@ def _save(model: LLaDA2MoeModelLM, tokenizer: Any, config: TrainConfig, out: Pat
         "final_loss": final_loss,
         "final_loss_smoothed": history[-1]["loss"] if history else final_loss,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "init_from": _parent(config.init_from),
         "evals": evals,
         "history": history,
     }
     (out / "training.json").write_text(json.dumps(info, indent=1) + "\n")
     plot_loss(history, out / "loss_curve.png")
+
+
+def _parent(path: str | None) -> dict | None:
+    """What a continued run started from: the parent's path and its own training.json summary."""
+    if path is None:
+        return None
+    info_file = Path(path) / "training.json"
+    parent = json.loads(info_file.read_text()) if info_file.is_file() else {}
+    keep = ("steps", "wall_time_s", "cpu_time_s", "final_loss_smoothed", "config", "init_from")
+    return {"path": str(path), **{k: parent[k] for k in keep if k in parent}}
 
 
 def plot_loss(history: list[dict], path: Path) -> Path:

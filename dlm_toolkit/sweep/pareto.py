@@ -220,14 +220,20 @@ def format_table(summary: ParetoSummary) -> str:
     metrics = list(dict.fromkeys([*summary.objectives, "accuracy", "tpf"]))
     head = ["trial", "preset", *metrics, *[f"dom {p}" for p in summary.presets], "params"]
     rows = []
+    same: dict[str, list[TrialPoint]] = {}  # samplers may propose a policy again: one row per policy
     for p in summary.front:
+        same.setdefault(p.policy_hash or f"#{p.trial}", []).append(p)
+    for group in same.values():
+        p = next((q for q in group if q.preset), group[0])
         params = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(p.params.items())) if not p.preset else ""
-        rows.append([str(p.trial), p.preset or "", *[_fmt(p.metrics.get(m)) for m in metrics],
+        trial = str(p.trial) + (f" (={','.join(str(q.trial) for q in group if q is not p)})" if len(group) > 1 else "")
+        rows.append([trial, p.preset or "", *[_fmt(p.metrics.get(m)) for m in metrics],
                      *[_fmt(d) for d in summary.dominates_presets(p).values()], params])
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     lines = [f"Pareto front of study '{summary.study_name}' ("
              + ", ".join(f"{d} {m}" for m, d in summary.objectives.items())
-             + f"); {len(summary.front)} of {len(summary.points)} complete trials"]
+             + f"); {len(summary.front)} of {len(summary.points)} complete trials"
+             + (f", {len(rows)} distinct policies" if len(rows) != len(summary.front) else "")]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if not rows:
