@@ -7,7 +7,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from dlm_toolkit.config import ConfigError, PolicyConfig
 from dlm_toolkit.decode import decode

@@ -13,10 +13,7 @@ def plot_trajectory(trajectory: Trajectory, row: int = 0, ax: Any = None, block_
 
     Returns the matplotlib ``Figure``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib picks a headless backend by itself when there is no display
 
     steps = trajectory.for_row(row)
     if ax is None:
