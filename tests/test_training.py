@@ -278,3 +278,17 @@ def test_bfloat16_save_and_cli(tmp_path):
         assert f.get_tensor("model.layers.1.mlp.gate.weight").dtype == torch.float32  # router stays fp32
     assert cli_main([*args[:-2], "--set", "corrupt_rate=2"]) == 2
     assert cli_main([*args[:-2], "--set", "bogus"]) == 2
+
+
+def test_init_from_continues_training_and_checks_the_architecture(trained, tmp_path):
+    config, path, _ = trained
+    cont = config.model_copy(update={"init_from": str(path), "steps": 2, "eval_n": 0, "lr": 1e-4})
+    out = train(cont, tmp_path / "cont", progress=False)
+    info = json.loads((out / "training.json").read_text())
+    assert info["init_from"]["path"] == str(path) and info["init_from"]["steps"] == 300
+    assert info["history"][-1]["loss"] < 0.5  # starts trained (a random init is at ~4.8)
+    wider = TrainConfig(**{**TINY, "hidden_size": 48}, tasks={"sort": 1.0}, init_from=str(path), steps=1, eval_n=0)
+    with pytest.raises(ConfigError, match="init_from: .*hidden_size"):
+        train(wider, tmp_path / "bad", progress=False)
+    with pytest.raises(ConfigError, match="init_from"):
+        train(cont.model_copy(update={"init_from": str(tmp_path / "missing")}), tmp_path / "bad2", progress=False)

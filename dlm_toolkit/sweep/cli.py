@@ -146,9 +146,9 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: str) -> str | None:
     """Log the front to the study's parent run; None (with a note) when there is none."""
-    from dlm_toolkit.sweep.tracking import Tracker, _sqlite_file
+    from dlm_toolkit.sweep.tracking import Tracker, sqlite_file
 
-    db = _sqlite_file(tracking_uri) if tracking_uri.startswith("sqlite") else None
+    db = sqlite_file(tracking_uri) if tracking_uri.startswith("sqlite") else None
     if db is not None and not db.exists():
         print(f"note: {tracking_uri} does not exist; nothing logged to MLflow", file=sys.stderr)
         return None

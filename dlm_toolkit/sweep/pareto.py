@@ -284,10 +284,7 @@ def write_json(summary: ParetoSummary, path: str | Path) -> Path:
 
 def plot(summary: ParetoSummary, path: str | Path) -> Path:
     """``pareto.png``: all COMPLETE trials, the (accuracy, TPF) front as a step line, presets labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib picks a headless backend by itself when there is no display
 
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)

@@ -37,7 +37,6 @@ Trial user attributes: ``policy`` (canonical JSON), ``policy_hash``, ``metrics``
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import socket
@@ -59,8 +58,6 @@ DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_HEARTBEAT = 10
 MAX_RETRY = 3
-
-log = logging.getLogger(__name__)
 
 
 # -- storage and study -------------------------------------------------------------------------
@@ -103,10 +100,10 @@ def load_study(storage: str | Any, study_name: str) -> Any:
     import optuna
 
     if isinstance(storage, str):
-        from dlm_toolkit.sweep.tracking import _sqlite_file
+        from dlm_toolkit.sweep.tracking import sqlite_file
 
         check_sqlite_folder(storage, "storage")
-        db = _sqlite_file(storage)
+        db = sqlite_file(storage)
         if db is not None and not db.exists():
             raise ConfigError(f"storage {storage!r}: database file {db} does not exist")
     store = open_storage(storage, heartbeat_interval=None) if isinstance(storage, str) else storage
@@ -455,8 +452,8 @@ class TrialRunner:
                     raise
                 continue
             if not told_waiting:
-                self.echo(f"waiting for {counts.running} running trial(s): other workers', or dead ones until "
-                          "their heartbeat expires (then they are retried)")
+                self.echo(f"waiting for {counts.running} running trial(s) to finish: another worker's, or one "
+                          "whose process died (retried once its heartbeat expires)")
                 told_waiting = True
             time.sleep(poll)
 
@@ -604,7 +601,7 @@ class _Progress:
     """tqdm bar over finished trials, with the current Pareto front size."""
 
     def __init__(self, study: Any, total: int, enabled: bool) -> None:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         self.study = study
         self.bar = tqdm(total=total, desc=f"sweep {study.study_name}", unit="trial", disable=not enabled,

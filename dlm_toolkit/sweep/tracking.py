@@ -57,7 +57,7 @@ def hide_password(url: str) -> str:
         return url
 
 
-def _sqlite_file(uri: str) -> Path | None:
+def sqlite_file(uri: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` URI (None for other schemes / in-memory)."""
     if not uri.startswith("sqlite:"):
         return None
@@ -70,7 +70,7 @@ def _sqlite_file(uri: str) -> Path | None:
 def check_sqlite_folder(uri: str, what: str) -> None:
     """A clear error for ``sqlite:///missing/folder/x.db`` (SQLite would say 'unable to open')."""
     try:
-        db = _sqlite_file(uri)
+        db = sqlite_file(uri)
     except Exception as err:
         raise ConfigError(f"{what} {uri!r}: not a valid database URL ({err})") from None
     if db is not None and not db.resolve().parent.is_dir():
@@ -136,7 +136,7 @@ class Tracker:
 
     def _create_experiment(self, name: str) -> str:
         """Artifacts of a SQLite store go next to the database (``mlartifacts/``), not into the cwd."""
-        db = _sqlite_file(self.tracking_uri)
+        db = sqlite_file(self.tracking_uri)
         location = None
         if db is not None:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
