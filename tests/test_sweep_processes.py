@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -16,9 +17,18 @@ import sweep_helpers as h
 
 
 def _trials(storage: str) -> list:
+    # Only open the storage with Optuna once the sweep has created it: opening a fresh SQLite file
+    # from here would race the sweep's own schema creation.
+    path = storage.removeprefix("sqlite:///")
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            if not db.execute("select 1 from studies where study_name = 't'").fetchone():
+                return []
+    except sqlite3.Error:  # no file or no schema yet
+        return []
     try:
         return load_study(storage, "t").get_trials(deepcopy=False)
-    except Exception:  # the study (or the file) does not exist yet
+    except Exception:
         return []
 
 
