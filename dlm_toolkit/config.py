@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import annotated_types as at
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
@@ -164,17 +165,39 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """``tree["a"]["b"] = value`` for ``key = "a.b"``, creating groups on the way."""
+    node = tree
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{key}: '{part}' is a value, not a group")
+    node[leaf] = value
+
+
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for path, value in flat.items():
-        node = tree
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{path}: '{part}' is a value, not a group")
-        node[leaf] = value
+        set_dotted(tree, path, value)
     return tree
+
+
+def read_mapping_file(path: str | Path) -> dict[str, Any]:
+    """A mapping from a ``.json`` or ``.yaml``/``.yml`` file (safe loaders only; empty file = {})."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
 
 
 def parse_value(text: str) -> Any:

@@ -56,10 +56,9 @@ from typing import Annotated, Any, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dlm_toolkit.config import ConfigError, flatten, validate_model
+from dlm_toolkit.config import ConfigError, flatten, read_mapping_file, set_dotted, validate_model
 from dlm_toolkit.models.checkpoint import save_model
 from dlm_toolkit.models.llada2 import LLaDA2Config, LLaDA2MoeModelLM
 from dlm_toolkit.tasks import TASKS, Task, get_task
@@ -204,23 +203,9 @@ def load_train_config(source: str | Path | Mapping[str, Any] | None = None,
     elif isinstance(source, Mapping):
         data = json.loads(json.dumps(dict(source)))
     else:
-        path = Path(source)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except OSError as err:
-            raise ConfigError(f"cannot read training config {path}: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        data = read_mapping_file(source)
     for key, value in (overrides or {}).items():
-        *parents, leaf = key.split(".")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: '{part}' is a value, not a group")
-        node[leaf] = value
+        set_dotted(data, key, value)
     return validate_model(TrainConfig, data)
 
 

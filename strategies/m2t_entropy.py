@@ -9,25 +9,21 @@ whose entropy is < threshold (nats) is committed too (parallel commits on top of
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field
 
-from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
+from dlm_toolkit import M2T, StepContext, UnmaskRule
 from dlm_toolkit.selection import entropy, rank_and_quota
-from strategies.schedules import quota
+from strategies.schedules import QuotaConfig, step_quota
 
 
 @M2T.register("entropy")
 class EntropyUnmask(UnmaskRule):
-    class Config(StrategyConfig):
-        steps_per_block: int = Field(32, ge=1, le=4096, description="forwards to fill one block")
-        schedule: Literal["linear", "cosine"] = "linear"
+    class Config(QuotaConfig):
         threshold: float | None = Field(None, ge=0.0, le=100.0, description="also commit masks with entropy < threshold (nats)")
 
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         cfg = self.config
-        k = quota(cfg.schedule, ctx.block_masked_start, ctx.fillable.sum(1), cfg.steps_per_block, ctx.block_step)
+        k = step_quota(cfg, ctx)
         above = None if cfg.threshold is None else -cfg.threshold
         return rank_and_quota(-entropy(ctx.probs), ctx.fillable, k, above)

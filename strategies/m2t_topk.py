@@ -11,24 +11,20 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
 
-from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
+from dlm_toolkit import M2T, StepContext, UnmaskRule
 from dlm_toolkit.selection import topk_per_row
-from strategies.schedules import quota
+from strategies.schedules import QuotaConfig, step_quota
 
 
 @M2T.register("topk")
 class TopKUnmask(UnmaskRule):
-    class Config(StrategyConfig):
-        steps_per_block: int = Field(32, ge=1, le=4096, description="forwards to fill one block")
+    class Config(QuotaConfig):
         ranking: Literal["low_confidence", "random"] = "low_confidence"
-        schedule: Literal["linear", "cosine"] = "linear"
 
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         cfg = self.config
-        masked_now = ctx.fillable.sum(1)
-        k = quota(cfg.schedule, ctx.block_masked_start, masked_now, cfg.steps_per_block, ctx.block_step)
+        k = step_quota(cfg, ctx)
         if cfg.ranking == "random":
             score = torch.rand(ctx.confidence.shape, generator=ctx.generator)
         else:

@@ -8,9 +8,15 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
+from pydantic import Field
+
+from dlm_toolkit.config import StrategyConfig
+
+if TYPE_CHECKING:
+    from dlm_toolkit.strategy import StepContext
 
 Schedule = Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]
 
@@ -35,3 +41,15 @@ def quota(name: str, masks_start: torch.Tensor, masked_now: torch.Tensor, steps:
     committed = masks_start - masked_now
     target = SCHEDULES[name](masks_start, steps, step)
     return torch.minimum((target - committed).clamp(min=1), masked_now)
+
+
+class QuotaConfig(StrategyConfig):
+    """Config fields shared by quota rules: the block's step budget and its schedule."""
+
+    steps_per_block: int = Field(32, ge=1, le=4096, description="forwards to fill one block")
+    schedule: Literal["linear", "cosine"] = "linear"
+
+
+def step_quota(config: QuotaConfig, ctx: StepContext) -> torch.Tensor:
+    """(B,) commits this step for a quota rule configured by ``config``."""
+    return quota(config.schedule, ctx.block_masked_start, ctx.fillable.sum(1), config.steps_per_block, ctx.block_step)
