@@ -88,12 +88,14 @@ def test_kill_9_mid_trial_then_same_command_resumes_to_n(tmp_path):
 
 
 def test_two_workers_share_one_study(tmp_path):
-    exp = load_experiment(h.experiment(n=16))
+    # worker 0 (this process) starts at once, worker 1 after its imports and model load (~5-10 s):
+    # enough short trials (~0.3 s) that both take part
+    exp = load_experiment(h.experiment(n=64, batch_size=64))
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
-    result = run_sweep(exp, 6, storage=storage, tracking_uri=uri, workers=2, progress=False, threads=1,
+    result = run_sweep(exp, 48, storage=storage, tracking_uri=uri, workers=2, progress=False, threads=1,
                        heartbeat_interval=2)
     trials = load_study(storage, "t").get_trials()
-    assert result.counts.counted == 6 and sum(is_counted(t) for t in trials) == 6
+    assert result.counts.counted == 48 and sum(is_counted(t) for t in trials) == 48
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     workers = {t.user_attrs["worker"] for t in complete}
     assert len(workers) == 2, f"only {workers} ran trials"

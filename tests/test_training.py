@@ -195,9 +195,12 @@ def test_yaml_configs_load_and_differ_only_in_corruption(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "train"
-    ed, mo = load_train_config(root / "editable.yaml"), load_train_config(root / "maskonly.yaml")
-    assert ed.corrupt_rate > 0 and mo.corrupt_rate == 0
-    assert ed.model_copy(update={"corrupt_rate": 0.0}) == mo
+    for stage in ("", "-stage2"):  # the testbeds are trained in two stages
+        ed = load_train_config(root / f"editable{stage}.yaml")
+        mo = load_train_config(root / f"maskonly{stage}.yaml")
+        assert ed.corrupt_rate > 0 and mo.corrupt_rate == 0
+        assert ed.model_copy(update={"corrupt_rate": 0.0, "init_from": mo.init_from}) == mo
+        assert ed.llada2_config() == load_train_config(root / "editable.yaml").llada2_config()
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1\n")
     with pytest.raises(ConfigError, match="YAML"):

@@ -22,10 +22,10 @@ Decisions (also in ``experiments/README.md``):
   search-space keys whose value is a point of the space, so samplers learn from it.
 * **Pruning**: see :class:`~dlm_toolkit.sweep.experiment.Pruning` (threshold rule for any
   number of objectives; Optuna's median pruner only for one objective).
-* **Workers**: ``workers=K > 1`` starts K subprocesses (``python -m dlm_toolkit.sweep.worker``)
-  on the same study; each loads the model once and uses ``cpu_count // K`` torch threads.
-  The calling process only shows progress and, at the end, logs the Pareto front. SQLite
-  storages get a 60 s busy timeout.
+* **Workers**: ``workers=K > 1`` runs worker 0 in the calling process (its model and stores are
+  already open) and starts K - 1 subprocesses (``python -m dlm_toolkit.sweep.worker``) on the
+  same study; each uses ``cpu_count // K`` torch threads unless ``threads`` is set. Worker k's
+  sampler is seeded with ``seed + k``. SQLite storages get a 60 s busy timeout.
 
 Study user attributes: ``experiment`` (all settings, JSON; a study cannot be resumed with
 different result-relevant settings), ``presets_enqueued``, ``dlm_toolkit_version``.
@@ -573,15 +573,13 @@ def run_sweep(
 
     saved_threads = torch.get_num_threads()
     try:
+        torch.set_num_threads(threads or (saved_threads if workers == 1 else max(1, (os.cpu_count() or 1) // workers)))
+        runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write)
         if workers == 1:
-            if threads:
-                torch.set_num_threads(threads)
-            runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write)
             counts = runner.run(on_progress=bar.update)
         else:
-            del model, tokenizer
             counts = _run_workers(exp, storage, tracking_uri, name, n_trials, parent, workers,
-                                  heartbeat_interval, grace_period, bar, threads)
+                                  heartbeat_interval, grace_period, bar, runner)
         status = "FINISHED" if counts.counted >= n_trials or _grid_exhausted(study) else "FAILED"
     finally:
         torch.set_num_threads(saved_threads)
@@ -626,10 +624,14 @@ class _Progress:
 
 def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: str, n_trials: int,
                  parent: str, workers: int, heartbeat_interval: int, grace_period: int | None,
-                 bar: _Progress, threads: int | None = None) -> Counts:
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+                 bar: _Progress, runner: TrialRunner) -> Counts:
+    """Worker 0 is this process (model and MLflow store already open); workers 1..K-1 are
+    subprocesses, whose start-up (imports, model load) overlaps worker 0's first trials."""
+    import torch
+
+    threads = torch.get_num_threads()  # run_sweep set this process's share; each worker gets the same
     procs = []
-    for k in range(workers):
+    for k in range(1, workers):
         payload = {"experiment": exp.settings(), "source": str(exp.source) if exp.source else None,
                    "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                    "n_trials": n_trials, "parent_run_id": parent, "worker": k, "threads": threads,
@@ -637,9 +639,10 @@ def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: s
         procs.append(subprocess.Popen([sys.executable, "-m", "dlm_toolkit.sweep.worker", json.dumps(payload)]))
     study = bar.study
     try:
-        while any(p.poll() is None for p in procs):
+        counts = runner.run(on_progress=bar.update)
+        while any(p.poll() is None for p in procs):  # they stop at n_trials too; wait for their clean-up
             bar.update(Counts.of(study))
-            time.sleep(1.0)
+            time.sleep(0.2)
     except KeyboardInterrupt:
         for p in procs:
             if p.poll() is None:
@@ -652,7 +655,7 @@ def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: s
         raise
     counts = Counts.of(study)
     bar.update(counts)
-    bad = [(k, p.returncode) for k, p in enumerate(procs) if p.returncode != 0]
+    bad = [(k, p.returncode) for k, p in enumerate(procs, start=1) if p.returncode != 0]
     if bad and counts.counted < n_trials:
         bar.write("workers exited with errors: " + ", ".join(f"worker {k}: exit {rc}" for k, rc in bad))
     return counts
@@ -671,7 +674,7 @@ def worker_main(payload: Mapping[str, Any]) -> int:
 
     with _optuna_quiet():
         study = optuna.load_study(study_name=payload["study_name"], storage=store,
-                                  sampler=make_sampler(exp, worker=int(payload["worker"]) + 1),
+                                  sampler=make_sampler(exp, worker=int(payload["worker"])),
                                   pruner=make_pruner(exp))
     tracker = Tracker(payload["tracking_uri"], exp.mlflow_experiment)
     runner = TrialRunner(exp, study, payload["storage"], int(payload["n_trials"]), tracker,

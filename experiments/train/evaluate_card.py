@@ -5,13 +5,16 @@
 For each preset (llada2.1-q, llada2.1-s, llada2.1-s with ``t2t.name=none``, llada2.0) and task it
 runs ``dlm_toolkit.evaluate.evaluate`` on ``n`` held-out instances (seed 0) and records accuracy,
 TPF (generated tokens up to and including the first EOS, per forward), mean NFE and edits per
-token. Prints the markdown table that goes into the model card.
+token. Prints the markdown table that goes into the model card; with ``--card`` it also writes the
+table and the derived target lines (editing gain, S/Q TPF ratio) into CHECKPOINT/README.md, between
+the lines ``<!-- evaluation:start -->`` and ``<!-- evaluation:end -->``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -37,6 +40,27 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def derived(results: dict) -> str:
+    """The numbers the issue's targets are stated in, computed from the table."""
+    lines = []
+    q, s, none = (results.get(k, {}) for k in ("llada2.1-q", "llada2.1-s", "llada2.1-s+t2t.name=none"))
+    for task in ("add", "sort"):
+        if task in s and task in none:
+            gain = 100 * (s[task]["accuracy"] - none[task]["accuracy"])
+            lines.append(f"- editing at S mode (edit threshold 0.0 vs `t2t.name=none`), `{task}`: {gain:+.1f} points")
+        if task in s and task in q and q[task]["tpf"] > 0:
+            lines.append(f"- S-mode TPF / Q-mode TPF, `{task}`: {s[task]['tpf'] / q[task]['tpf']:.2f}x")
+    return "\n".join(lines)
+
+
+def write_card(card: Path, block: str) -> None:
+    text = card.read_text()
+    pattern = re.compile(r"(<!-- evaluation:start -->\n).*?(<!-- evaluation:end -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{card}: no '<!-- evaluation:start -->' ... '<!-- evaluation:end -->' lines to fill")
+    card.write_text(pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
@@ -46,6 +70,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", help="JSON output (default: CHECKPOINT/evaluation.json)")
+    ap.add_argument("--card", action="store_true", help="fill the evaluation block of CHECKPOINT/README.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_checkpoint(args.checkpoint)
@@ -63,7 +88,10 @@ def main() -> None:
     out = Path(args.out) if args.out else Path(args.checkpoint) / "evaluation.json"
     out.write_text(json.dumps({"n": args.n, "seed": 0, "results": results,
                                "eval_wall_time_s": round(time.perf_counter() - t0, 1)}, indent=1) + "\n")
-    print(markdown(results))
+    block = markdown(results) + "\n\n" + derived(results)
+    print(block)
+    if args.card:
+        write_card(Path(args.checkpoint) / "README.md", block)
 
 
 if __name__ == "__main__":
