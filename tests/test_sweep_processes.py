@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
+from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.experiment import load_experiment
 from dlm_toolkit.sweep.study import is_counted, load_study, run_sweep
 
@@ -106,3 +110,26 @@ def test_two_workers_share_one_study(tmp_path):
                   and r.info.status == "FINISHED") == sorted(t.number for t in complete)
     parent = [r for r in runs if r.data.tags.get("kind") == "study"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+
+
+def _worker_children() -> list[int]:
+    mine = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(os.getpid()) and b"dlm_toolkit.sweep.worker" in cmdline:
+            mine.append(int(status.parent.name))
+    return mine
+
+
+def test_bad_input_with_workers_leaves_no_worker_behind(tmp_path):
+    # workers 1..K-1 start before the checks (to hide their imports); a failed check must send them home
+    exp = load_experiment(h.experiment(model=tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="checkpoint folder"):
+        run_sweep(exp, 4, storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=h.tracking_uri(tmp_path),
+                  workers=3, progress=False)
+    assert _worker_children() == []
+    assert not (tmp_path / "optuna.db").exists()

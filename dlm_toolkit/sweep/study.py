@@ -563,10 +563,19 @@ def run_sweep(
         raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
     threads = threads or exp.threads
     name = study_name or exp.default_name
-    model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval, grace_period)
-    study = create_or_resume(exp, store, name)
-    enqueue_presets(study, exp)
-    parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
+    # Workers 1..K-1 start now: their imports (torch, MLflow, Optuna; seconds) overlap the checks
+    # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
+    spawned = [subprocess.Popen([sys.executable, "-m", "dlm_toolkit.sweep.worker"], stdin=subprocess.PIPE, text=True)
+               for _ in range(1, workers)]
+    try:
+        model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
+                                                           grace_period)
+        study = create_or_resume(exp, store, name)
+        enqueue_presets(study, exp)
+        parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
+    except BaseException:
+        _dismiss(spawned)
+        raise
     bar = _Progress(study, n_trials, enabled=progress)
     status = "KILLED"
     import torch
@@ -578,10 +587,11 @@ def run_sweep(
         if workers == 1:
             counts = runner.run(on_progress=bar.update)
         else:
-            counts = _run_workers(exp, storage, tracking_uri, name, n_trials, parent, workers,
+            counts = _run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
                                   heartbeat_interval, grace_period, bar, runner)
         status = "FINISHED" if counts.counted >= n_trials or _grid_exhausted(study) else "FAILED"
     finally:
+        _dismiss(spawned)
         torch.set_num_threads(saved_threads)
         bar.close()
         with _optuna_quiet():
@@ -623,20 +633,23 @@ class _Progress:
 
 
 def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: str, n_trials: int,
-                 parent: str, workers: int, heartbeat_interval: int, grace_period: int | None,
+                 parent: str, procs: list[subprocess.Popen], heartbeat_interval: int, grace_period: int | None,
                  bar: _Progress, runner: TrialRunner) -> Counts:
-    """Worker 0 is this process (model and MLflow store already open); workers 1..K-1 are
-    subprocesses, whose start-up (imports, model load) overlaps worker 0's first trials."""
+    """Worker 0 is this process (model and stores already open); ``procs`` are workers 1..K-1,
+    started early by :func:`run_sweep` and waiting for their payload on stdin."""
     import torch
 
     threads = torch.get_num_threads()  # run_sweep set this process's share; each worker gets the same
-    procs = []
-    for k in range(1, workers):
+    for k, proc in enumerate(procs, start=1):
         payload = {"experiment": exp.settings(), "source": str(exp.source) if exp.source else None,
                    "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                    "n_trials": n_trials, "parent_run_id": parent, "worker": k, "threads": threads,
                    "heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
-        procs.append(subprocess.Popen([sys.executable, "-m", "dlm_toolkit.sweep.worker", json.dumps(payload)]))
+        try:
+            proc.stdin.write(json.dumps(payload) + "\n")
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):  # it died while starting: the others carry on
+            pass
     study = bar.study
     try:
         counts = runner.run(on_progress=bar.update)
@@ -647,11 +660,6 @@ def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: s
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
         raise
     counts = Counts.of(study)
     bar.update(counts)
@@ -659,6 +667,22 @@ def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: s
     if bad and counts.counted < n_trials:
         bar.write("workers exited with errors: " + ", ".join(f"worker {k}: exit {rc}" for k, rc in bad))
     return counts
+
+
+def _dismiss(procs: list[subprocess.Popen]) -> None:
+    """Close the orders pipe of workers still waiting (they exit) and reap every worker."""
+    for p in procs:
+        if p.stdin and not p.stdin.closed:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def worker_main(payload: Mapping[str, Any]) -> int:

@@ -1,4 +1,8 @@
-"""One sweep worker process: ``python -m dlm_toolkit.sweep.worker PAYLOAD_JSON`` (started by run_sweep)."""
+"""One sweep worker process, started by ``run_sweep``: ``python -m dlm_toolkit.sweep.worker [PAYLOAD_JSON]``.
+
+Without an argument it imports the heavy libraries first, then reads the payload as one JSON
+line from stdin, so its start-up overlaps the coordinator's checks; EOF means "not needed".
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,18 @@ from dlm_toolkit.config import ConfigError
 
 
 def main(argv: list[str]) -> int:
-    from dlm_toolkit.sweep.study import worker_main
-
     try:
-        return worker_main(json.loads(argv[0]))
+        import mlflow  # noqa: F401  -- the slow imports, before waiting for orders
+        import optuna  # noqa: F401
+        import torch  # noqa: F401
+
+        import dlm_toolkit.evaluate  # noqa: F401
+        from dlm_toolkit.sweep.study import worker_main
+
+        line = argv[0] if argv else sys.stdin.readline()
+        if not line.strip():
+            return 0
+        return worker_main(json.loads(line))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
