@@ -57,6 +57,25 @@ def test_loaded_model_has_official_keys_and_no_meta_tensors(model):
     assert state["model.layers.1.mlp.gate.expert_bias"].dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_model_path_loads_the_same_weights(model, monkeypatch, dtype):
+    """Checkpoints above SMALL_MODEL_NUMEL are built on the meta device; the result must not differ."""
+    small = load_model(FIXTURE, dtype=dtype, **IDS)
+    monkeypatch.setattr(ckpt, "SMALL_MODEL_NUMEL", 0)
+    built_on_meta = []
+    real_init = ckpt.LLaDA2MoeModelLM.__init__
+
+    def spy(self, *args, **kwargs):
+        built_on_meta.append(torch.empty(0).is_meta)  # the default device inside the constructor
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.LLaDA2MoeModelLM, "__init__", spy)
+    large = load_model(FIXTURE, dtype=dtype, **IDS)
+    assert built_on_meta == [True]
+    assert same_weights(small, large)
+    assert not any(t.is_meta for t in large.state_dict().values())
+
+
 def test_round_trip_single_file(model, tmp_path):
     save_model(model, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]

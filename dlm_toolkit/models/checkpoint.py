@@ -20,6 +20,7 @@ Saving holds one shard's bytes in addition to the model (pass ``max_shard_bytes`
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from safetensors.torch import save_file
 from .llada2 import LLaDA2Config, LLaDA2MoeModelLM
 
 SINGLE = "model.safetensors"
+SMALL_MODEL_NUMEL = 1 << 24  # parameters up to which load_model builds the model in place
 INDEX = "model.safetensors.index.json"
 MASK_TOKEN = "<|mask|>"
 DEFAULT_EOS_TOKEN = "<|endoftext|>"
@@ -157,7 +159,11 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     mask, eos = _special_ids(path, config, mask_token_id, eos_token_id)
     stored = _read_headers(_weight_files(path))
 
-    with torch.device("meta"):
+    # A large model is built on the meta device (no allocation, no init) and filled from the
+    # file. A small one is built in place: its init costs milliseconds, while the first meta
+    # tensor of a process imports torch._dynamo (~0.8 s), which every sweep worker would pay.
+    numel = sum(math.prod(shape) for _, shape in stored.values())
+    with torch.device("meta" if numel > SMALL_MODEL_NUMEL else "cpu"):
         model = LLaDA2MoeModelLM(config, dtype=dtype, mask_token_id=mask, eos_token_id=eos)
     expected = model.state_dict()
     missing = [k for k in expected if k not in stored]
