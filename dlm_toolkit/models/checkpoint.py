@@ -34,10 +34,10 @@ from safetensors.torch import save_file
 from .llada2 import LLaDA2Config, LLaDA2MoeModelLM
 
 SINGLE = "model.safetensors"
-SMALL_MODEL_NUMEL = 1 << 24  # parameters up to which load_model builds the model in place
 INDEX = "model.safetensors.index.json"
 MASK_TOKEN = "<|mask|>"
 DEFAULT_EOS_TOKEN = "<|endoftext|>"
+SMALL_MODEL_NUMEL = 1 << 24  # parameters up to which load_model builds the model in place
 
 
 class CheckpointError(ValueError):
