@@ -58,7 +58,7 @@ def test_loaded_model_has_official_keys_and_no_meta_tensors(model):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_large_model_path_loads_the_same_weights(model, monkeypatch, dtype):
+def test_large_model_path_loads_the_same_weights(monkeypatch, dtype):
     """Checkpoints above SMALL_MODEL_NUMEL are built on the meta device; the result must not differ."""
     small = load_model(FIXTURE, dtype=dtype, **IDS)
     monkeypatch.setattr(ckpt, "SMALL_MODEL_NUMEL", 0)
