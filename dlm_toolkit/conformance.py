@@ -1,4 +1,4 @@
-"""Run a conformance fixture folder (format of ``shared/conformance/llada2_tiny``) against our
+"""Run a conformance fixture folder (format of ``conformance/llada2_tiny``) against our
 model and decode loop: a logits check plus every decode case, with the KV cache on and off."""
 
 from __future__ import annotations

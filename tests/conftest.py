@@ -7,7 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO.parent / "shared" / "conformance" / "llada2_tiny"
+FIXTURE = REPO / "conformance" / "llada2_tiny"
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from dlm_toolkit.models import CheckpointError, load_model, save_model
 from dlm_toolkit.models import checkpoint as ckpt
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared/conformance/llada2_tiny"
+FIXTURE = Path(__file__).resolve().parents[1] / "conformance/llada2_tiny"
 IDS = dict(mask_token_id=127, eos_token_id=126)
 KEY = "model.layers.1.mlp.experts.3.up_proj.weight"
 

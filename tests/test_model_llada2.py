@@ -1,4 +1,4 @@
-"""The native LLaDA2 MoE model against the conformance fixture (../shared/conformance/llada2_tiny)."""
+"""The native LLaDA2 MoE model against the conformance fixture (conformance/llada2_tiny)."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from dlm_toolkit.models import DiffusionLM, KVCache, LLaDA2Config, LLaDA2MoeModelLM, load_model
 from dlm_toolkit.models.llada2 import moe_forward_grouped, moe_forward_loop
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared/conformance/llada2_tiny"
+FIXTURE = Path(__file__).resolve().parents[1] / "conformance/llada2_tiny"
 BLOCK = 8
 TOL = 1e-4
 

@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "plugin-package"
-CHECKPOINT = REPO.parent / "shared" / "conformance" / "llada2_tiny"  # tiny model, no tokenizer: mask 127, EOS 126
+CHECKPOINT = REPO / "conformance" / "llada2_tiny"  # tiny model, no tokenizer: mask 127, EOS 126
 RULE, PLUGIN, CLASS_PATH = "confidence_ratio", "example", "dlm_example_plugin.rules:ConfidenceRatioUnmask"
 
 
