@@ -94,17 +94,17 @@ class RoleSpec(BaseModel):
 class SamplingConfig(StrategyConfig):
     """How a token and its confidence are drawn from the logits at each position.
 
-    ``confidence`` is always the softmax probability of the drawn token under the *untempered*
-    logits (as LLaDA, Fast-dLLM and LLaDA2.1 do). ``suppress_mask`` keeps the mask token from
-    being drawn; the reference decoders have no such guard, but when its argmax is the mask
-    token their commit is a no-op, so the guard only changes degenerate models.
+    ``confidence`` is always the probability of the drawn token under the *untempered* softmax
+    over the whole vocabulary, mask token included (as LLaDA, Fast-dLLM and LLaDA2.1 do), so
+    presets reproduce the reference decisions exactly. Where the drawn token is the mask token
+    (degenerate models only), the best non-mask token is written instead: see
+    :mod:`dlm_toolkit.sampling`.
     """
 
     temperature: float = Field(0.0, ge=0.0, le=10.0)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     gumbel_float64: bool = False
-    suppress_mask: bool = True
 
 
 class PolicyConfig(BaseModel):

@@ -65,81 +65,115 @@ class DecodingPolicy:
     def __repr__(self) -> str:
         return f"DecodingPolicy({self.config.canonical_json()})"
 
-    # -- sampling ------------------------------------------------------------------------
-    def sample(self, logits: torch.Tensor, mask_token_id: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sampled, confidence, probs) for ``(B, W, V)`` float32 logits (modified in place).
-
-        Greedy at temperature 0; else Gumbel-max over top-k/top-p-filtered tempered logits
-        (in float64 when ``gumbel_float64``, as LLaDA does). Confidence is the untempered
-        softmax probability of the drawn token; ``probs`` is that untempered softmax.
-        """
-        cfg = self.sampling
-        if cfg.suppress_mask:
-            logits[..., mask_token_id] = float("-inf")
-        probs = torch.softmax(logits, dim=-1)
-        if cfg.temperature == 0.0:
-            confidence, sampled = probs.max(dim=-1)
-            return sampled, confidence, probs
-        scores = logits / cfg.temperature
-        if cfg.top_k > 0 and cfg.top_k < scores.shape[-1]:
-            kth = scores.topk(cfg.top_k, dim=-1).values[..., -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if cfg.top_p < 1.0:
-            sorted_scores, order = scores.sort(dim=-1, descending=True)
-            cum = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-            drop_sorted = (cum - torch.softmax(sorted_scores, dim=-1)) >= cfg.top_p  # keep the first over p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            scores = scores.masked_fill(drop, float("-inf"))
-        dtype = torch.float64 if cfg.gumbel_float64 else torch.float32
-        u = torch.rand(scores.shape, generator=generator, dtype=dtype).clamp_(min=1e-20)
-        sampled = (scores.to(dtype) - torch.log(-torch.log(u))).argmax(dim=-1)
-        confidence = probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-        return sampled, confidence, probs
-
     # -- one step ------------------------------------------------------------------------
     def step(self, ctx: StepContext, memory: dict[str, Any]) -> None:
-        """Run the rules in order, check each against its contract, fill ``ctx.commit/edit/remask``."""
-        ctx.commit = self._run(self.m2t, ctx, memory, ctx.fillable, "fillable (masked and in the active block)")
-        has_masks = ctx.fillable.any(1)
-        stalled = has_masks & ~ctx.commit.any(1)
-        if stalled.any():
-            r = int(stalled.nonzero()[0, 0])
-            raise StrategyError(
-                f"m2t rule '{self.m2t.name}' committed nothing in batch row {int(ctx.rows[r])} although its "
-                f"active block has {int(ctx.fillable[r].sum())} masked positions (every step must make progress)"
-            )
-        ctx.edit = self._run(self.t2t, ctx, memory, ctx.editable, "editable (written, non-prompt, in the edit window)")
-        ctx.remask = self._run(self.remask, ctx, memory, remaskable(ctx), "remaskable (written, in the active block, not edited now, block has masks)")
-        if ctx.remask.any():
-            net = ctx.commit.sum(1) - ctx.remask.sum(1)
-            bad = has_masks & (net < 1)
-            if bad.any():
-                r = int(bad.nonzero()[0, 0])
-                raise StrategyError(
-                    f"remask rule '{self.remask.name}' remasked {int(ctx.remask[r].sum())} positions in batch row "
-                    f"{int(ctx.rows[r])} but only {int(ctx.commit[r].sum())} were committed (net progress must be >= 1)"
-                )
+        """Run the rules in order and fill ``ctx.commit/edit/remask``. Types and shapes are checked
+        here; where each selection may lie is checked on the device by :class:`StepChecks`."""
+        ctx.commit = self._run(self.m2t, ctx, memory)
+        ctx.edit = self._run(self.t2t, ctx, memory)
+        ctx.remask = self._run(self.remask, ctx, memory)
 
     @staticmethod
-    def _run(rule: Strategy, ctx: StepContext, memory: dict[str, Any], allowed: torch.Tensor, what: str) -> torch.Tensor:
+    def _run(rule: Strategy, ctx: StepContext, memory: dict[str, Any]) -> torch.Tensor:
         out = rule(ctx)
         if isinstance(out, Selection):
             memory[rule.role] = out.memory
             out = out.select
-        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or out.shape != allowed.shape:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or out.shape != ctx.tokens.shape:
             got = f"{out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
             raise StrategyError(
-                f"{rule.role} rule '{rule.name}' must return a bool tensor of shape {tuple(allowed.shape)} "
+                f"{rule.role} rule '{rule.name}' must return a bool tensor of shape {tuple(ctx.tokens.shape)} "
                 f"(or a Selection), got {got}"
             )
-        outside = out & ~allowed
-        if outside.any():
+        return out
+
+
+ALLOWED = {  # role -> (where its selection may lie, how to say it)
+    "m2t": (lambda ctx: ctx.fillable, "fillable (masked and in the active block)"),
+    "t2t": (lambda ctx: ctx.editable, "editable (written, non-prompt, in the edit window)"),
+    "remask": (remaskable, "remaskable (written, in the active block, not edited now, block has masks)"),
+}
+
+
+class StepChecks:
+    """The invariants of one step, computed on the device and read with the next host sync.
+
+    A step must keep every selection inside its role's region (:data:`ALLOWED`), commit at least
+    one position in every row whose active block has a mask, remask fewer positions than it
+    commits, stay within ``limit`` forwards per block, and see finite logits. Reading the flags
+    right away would stall a GPU every step; the engine reads them at its next sync instead and
+    raises before anything is returned.
+    """
+
+    NAMES = ("m2t", "t2t", "remask", "progress", "net", "limit", "finite")
+
+    def __init__(self, policy: DecodingPolicy, limit: int):
+        self.policy, self.limit = policy, limit
+        self._ctx: StepContext | None = None
+        self._flags: torch.Tensor | None = None
+        self._block_step: torch.Tensor | None = None
+
+    def add(self, ctx: StepContext, state: Any) -> None:
+        """Compute the checks of the step just written (no host sync)."""
+        assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
+        has_masks = ctx.fillable.any(1)
+        net = ctx.commit.sum(1) - ctx.remask.sum(1)
+        self._ctx, self._block_step = ctx, state.block_step[ctx.rows]
+        self._flags = torch.stack([
+            *((getattr(ctx, sel) & ~ALLOWED[role][0](ctx)).any() for role, sel in
+              (("m2t", "commit"), ("t2t", "edit"), ("remask", "remask"))),
+            (has_masks & ~ctx.commit.any(1)).any(),
+            (has_masks & ctx.remask.any(1) & (net < 1)).any(),
+            (self._block_step > self.limit).any(),
+            ~(torch.isfinite(ctx.confidence) | ~ctx.valid).all(),
+        ])
+
+    def pending(self, device: torch.device) -> torch.Tensor:
+        """The flags of the last step (empty before the first)."""
+        return self._flags if self._flags is not None else torch.zeros(0, dtype=torch.bool, device=device)
+
+    def raise_if_failed(self, flags: list[int]) -> None:
+        """Raise :class:`StrategyError` naming the rule, row and position of the first failed check."""
+        if not any(flags):
+            return
+        ctx, policy = self._ctx, self.policy
+        assert ctx is not None
+        failed = self.NAMES[flags.index(1)]
+        if failed in ALLOWED:
+            rule = getattr(policy, failed)
+            region, what = ALLOWED[failed]
+            outside = getattr(ctx, {"m2t": "commit", "t2t": "edit", "remask": "remask"}[failed]) & ~region(ctx)
             r, w = (int(v) for v in outside.nonzero()[0])
             raise StrategyError(
                 f"{rule.role} rule '{rule.name}' selected position {int(ctx.positions[r, w])} of batch row "
                 f"{int(ctx.rows[r])}, which is not {what}"
             )
-        return out
+        if failed == "progress":
+            r = int((ctx.fillable.any(1) & ~ctx.commit.any(1)).nonzero()[0, 0])
+            raise StrategyError(
+                f"m2t rule '{policy.m2t.name}' committed nothing in batch row {int(ctx.rows[r])} although its "
+                f"active block has {int(ctx.fillable[r].sum())} masked positions (every step must make progress)"
+            )
+        if failed == "net":
+            bad = ctx.fillable.any(1) & ctx.remask.any(1) & (ctx.commit.sum(1) - ctx.remask.sum(1) < 1)
+            r = int(bad.nonzero()[0, 0])
+            raise StrategyError(
+                f"remask rule '{policy.remask.name}' remasked {int(ctx.remask[r].sum())} positions in batch row "
+                f"{int(ctx.rows[r])} but only {int(ctx.commit[r].sum())} were committed (net progress must be >= 1)"
+            )
+        if failed == "limit":
+            raise StrategyError(f"block schedule '{policy.blocks.name}' exceeded {self.limit} forwards in one block")
+        bad = (~torch.isfinite(ctx.confidence) & ctx.valid).any(1)
+        r = int(bad.nonzero()[0, 0])
+        raise NonFiniteLogitsError(
+            f"non-finite logits from the model in forward {int(ctx.step[r]) + 1} of batch row {int(ctx.rows[r])} "
+            f"(positions {ctx.positions[r][~torch.isfinite(ctx.confidence[r]) & ctx.valid[r]].tolist()[:8]}): "
+            "check the weights (load_model(..., check_finite=True)) and the dtype"
+        )
+
+
+class NonFiniteLogitsError(StrategyError):
+    """The model produced NaN or infinite logits where the rules read them."""
 
 
 def _spec(rule: Strategy) -> dict[str, Any]:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 def top1(score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """(B, W) bool: the highest-``score`` allowed position of each row (none if none allowed)."""
-    return topk_per_row(score, allowed, torch.ones(score.shape[0], dtype=torch.long))
+    return topk_per_row(score, allowed, torch.ones(score.shape[0], dtype=torch.long, device=score.device))
 
 
 def topk_per_row(score: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -22,7 +22,7 @@ def topk_per_row(score: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor) ->
     """
     masked_score = score.masked_fill(~allowed, float("-inf"))
     order = masked_score.argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(score.shape[1]).expand_as(order))
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(score.shape[1], device=score.device).expand_as(order))
     return allowed & (rank < k[:, None])
 
 
@@ -61,38 +61,55 @@ def remaskable(ctx: StepContext) -> torch.Tensor:
 
 def remask_budget(ctx: StepContext) -> torch.Tensor:
     """(B,) most positions a remask rule may pick per row: commits of this step minus one."""
-    commits = ctx.commit.sum(1) if ctx.commit is not None else torch.zeros(ctx.batch_size, dtype=torch.long)
+    commits = ctx.commit.sum(1) if ctx.commit is not None else torch.zeros(ctx.batch_size, dtype=torch.long, device=ctx.device)
     return (commits - 1).clamp(min=0)
 
 
 # -- per-position memory for stateful rules -------------------------------------------------
 # Rows move through blocks at different times and windows move between steps, so stateful rules
 # key what they remember by batch row (``ctx.rows``) and absolute position (``ctx.positions``).
+# The memory is dense over every batch row ({"positions": (N, M) long, -1 = empty slot,
+# name: (N, M, ...)}), so storing and looking up are gathers on the device, with no host sync.
 
 
 def remember(old: dict | None, ctx: StepContext, keep: torch.Tensor, **values: torch.Tensor) -> dict:
-    """New memory ``{batch_row: {"positions": (n,), name: (n, ...)}}`` holding ``values`` at the
-    ``keep`` positions of every context row; rows not forwarded now keep their old entry.
-    ``old`` is not modified (a rule's memory is a value, not a shared object)."""
-    new = dict(old or {})
-    for r in range(ctx.batch_size):
-        k = keep[r]
-        new[int(ctx.rows[r])] = {"positions": ctx.positions[r][k], **{n: v[r][k] for n, v in values.items()}}
+    """New memory holding ``values`` at the ``keep`` positions of every context row; batch rows not
+    forwarded now keep their old entry. ``old`` is not modified (a rule's memory is a value, not a
+    shared object)."""
+    b, w = ctx.positions.shape
+    slots = max(w, old["positions"].shape[1]) if old else w
+
+    def widen(t: torch.Tensor, fill: float) -> torch.Tensor:  # (N, M, ...) -> (N, slots, ...)
+        pad = slots - t.shape[1]
+        return torch.cat([t, t.new_full((t.shape[0], pad, *t.shape[2:]), fill)], 1) if pad else t.clone()
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:  # (B, W, ...) -> an empty (N, slots, ...)
+        return t.new_zeros((ctx.batch_rows, slots, *t.shape[2:]))
+
+    positions = widen(old["positions"], -1) if old else torch.full(
+        (ctx.batch_rows, slots), -1, dtype=torch.long, device=ctx.device)
+    positions[ctx.rows] = widen(torch.where(keep, ctx.positions, -1), -1)
+    new = {"positions": positions}
+    for name, v in values.items():
+        table = widen(old[name], 0) if old and name in old else fresh(v)
+        table[ctx.rows] = widen(v.to(table.dtype), 0)
+        new[name] = table
     return new
 
 
 def recall(old: dict | None, ctx: StepContext, name: str, fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, found)``: the remembered ``name`` at each (row, position) of the window, shaped
-    ``(B, W) + fill.shape``, and a ``(B, W)`` bool telling where something was remembered."""
+    ``(B, W) + fill.shape`` (``fill`` where nothing is remembered), and a ``(B, W)`` bool telling
+    where something was remembered."""
     b, w = ctx.positions.shape
-    values = fill.expand(b, w, *fill.shape).clone()
-    found = torch.zeros(b, w, dtype=torch.bool)
-    for r in range(b):
-        entry = (old or {}).get(int(ctx.rows[r]))
-        if entry is None or entry["positions"].numel() == 0:
-            continue
-        match = ctx.positions[r][:, None] == entry["positions"][None, :]  # (W, n)
-        found[r] = match.any(1)
-        idx = match.to(torch.uint8).argmax(1)
-        values[r][found[r]] = entry[name][idx[found[r]]].to(values.dtype)
-    return values, found
+    default = fill.to(ctx.device).expand(b, w, *fill.shape)
+    if not old or name not in old:
+        return default.clone(), torch.zeros(b, w, dtype=torch.bool, device=ctx.device)
+    stored = old["positions"][ctx.rows]  # (B, M)
+    match = (ctx.positions[:, :, None] == stored[:, None, :]) & (stored[:, None, :] >= 0)  # (B, W, M)
+    found = match.any(-1)
+    slot = match.long().argmax(-1)  # (B, W)
+    table = old[name][ctx.rows]  # (B, M, ...)
+    index = slot.view(b, w, *[1] * fill.dim()).expand(b, w, *fill.shape)
+    got = table.gather(1, index).to(default.dtype)
+    return torch.where(found.view(b, w, *[1] * fill.dim()), got, default), found

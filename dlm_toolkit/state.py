@@ -1,11 +1,14 @@
 """All per-decode state, and the result a decode returns.
 
 Rows of a batch move independently: each has its own active block, post-step counter, KV-cache
-length and counters, so a batch gives row for row what decoding each prompt alone gives.
+length, counters and random stream, so a batch gives row for row what decoding each prompt alone
+gives, at any temperature. Every tensor lives on the model's device; per-row updates are masked
+writes over the whole batch (``torch.where``), never boolean indexing, so they need no host sync.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -31,7 +34,7 @@ class DecodeState:
     block_length: int
     mask_token_id: int
     eos_token_id: int
-    generator: torch.Generator
+    generators: list[torch.Generator]  # one random stream per row (see :func:`row_seed`)
     block: torch.Tensor  # (N,) active block
     post: torch.Tensor  # (N,) post-step counter of the active block
     block_step: torch.Tensor  # (N,) forwards in the active block
@@ -57,21 +60,28 @@ class DecodeState:
         mask_token_id: int,
         eos_token_id: int,
         vocab_size: int,
-        seed: int | None,
+        seed: int | Sequence[int] | None,
+        device: torch.device | str = "cpu",
     ) -> DecodeState:
-        """A fresh canvas per prompt, laid out by ``schedule``; validates prompts and ``gen_length``."""
+        """A fresh canvas per prompt on ``device``, laid out by ``schedule``; validates prompts,
+        ``gen_length`` and ``seed`` (see :func:`row_seeds`)."""
         validate_prompts(prompts, gen_length, mask_token_id, vocab_size)
+        seeds = row_seeds(seed, len(prompts))
+        device = torch.device(device)
         block_length = schedule.block_length
         n = len(prompts)
-        prompt_len = torch.tensor([len(p) for p in prompts])
+        # the layout is host arithmetic on prompt lengths: done on the CPU, then moved once
+        cpu = torch.device("cpu")
+        prompt_len = torch.tensor([len(p) for p in prompts], device=cpu)
         origin, first_block, num_blocks = schedule.layout(prompt_len, gen_length)
         length = origin + num_blocks * block_length
         lmax = int(length.max())
-        canvas = torch.full((n, lmax), mask_token_id, dtype=torch.long)
+        canvas = torch.full((n, lmax), mask_token_id, dtype=torch.long, device=cpu)
         for r, p in enumerate(prompts):
-            canvas[r, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-        zeros = torch.zeros(n, dtype=torch.long)
-        gen = torch.Generator().manual_seed(0 if seed is None else seed)
+            canvas[r, : len(p)] = torch.as_tensor(list(p), dtype=torch.long, device=cpu)
+        prompt_len, origin, first_block, num_blocks, length, canvas = (
+            t.to(device) for t in (prompt_len, origin, first_block, num_blocks, length, canvas))
+        zeros = torch.zeros(n, dtype=torch.long, device=device)
         state = cls(
             canvas=canvas,
             prompt_len=prompt_len,
@@ -82,25 +92,34 @@ class DecodeState:
             block_length=block_length,
             mask_token_id=mask_token_id,
             eos_token_id=eos_token_id,
-            generator=gen,
+            generators=[torch.Generator(device=device).manual_seed(s) for s in seeds],
             block=first_block.clone(),
             post=zeros.clone(),
             block_step=zeros.clone(),
             block_masked_start=zeros.clone(),
             block_masked=zeros.clone(),
-            done=torch.zeros(n, dtype=torch.bool),
-            eos_stopped=torch.zeros(n, dtype=torch.bool),
-            written_step=torch.full((n, lmax), -1, dtype=torch.long),
-            written_conf=torch.zeros(n, lmax),
+            done=torch.zeros(n, dtype=torch.bool, device=device),
+            eos_stopped=torch.zeros(n, dtype=torch.bool, device=device),
+            written_step=torch.full((n, lmax), -1, dtype=torch.long, device=device),
+            written_conf=torch.zeros(n, lmax, device=device),
         )
-        state.counts = torch.zeros(n, len(COUNTERS), dtype=torch.long)
-        state.block_masked_start = state.masked_in_block(torch.arange(n))
+        state.counts = torch.zeros(n, len(COUNTERS), dtype=torch.long, device=device)
+        state.block_masked_start = state.masked_in_block(state.all_rows)
         state.block_masked = state.block_masked_start.clone()
         return state
 
     @property
     def batch_size(self) -> int:
         return self.canvas.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.canvas.device
+
+    @property
+    def all_rows(self) -> torch.Tensor:
+        """(N,) every batch row index."""
+        return torch.arange(self.batch_size, device=self.device)
 
     @property
     def nfe(self) -> torch.Tensor:
@@ -117,50 +136,53 @@ class DecodeState:
         """(R,) number of masked positions in the active block of each row, counted on the canvas
         (the engine keeps ``block_masked`` up to date without recounting)."""
         lo, _ = self.block_bounds(rows)
-        idx = (lo[:, None] + torch.arange(self.block_length)).clamp(max=self.canvas.shape[1] - 1)  # (R, Bl)
+        idx = (lo[:, None] + torch.arange(self.block_length, device=self.device)).clamp(max=self.canvas.shape[1] - 1)  # (R, Bl)
         return (self.canvas[rows[:, None], idx] == self.mask_token_id).sum(1)
 
     def generated_span(self, rows: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """(R, Lmax) bool: positions ``[prompt_len, hi)`` of each row."""
-        pos = torch.arange(self.canvas.shape[1])
+        pos = torch.arange(self.canvas.shape[1], device=self.device)
         return (pos >= self.prompt_len[rows, None]) & (pos < hi[:, None])
 
-    def advance_block(self, rows: torch.Tensor, eos_early_stop: bool) -> None:
-        """End the active block of ``rows``: stop at EOS if asked, else move to the next block."""
-        if rows.numel() == 0:
-            return
+    def advance_blocks(self, ending: torch.Tensor, eos_early_stop: bool) -> None:
+        """End the active block of the rows where ``ending`` ((N,) bool) holds: stop the row at an
+        EOS if asked, else move it to its next block (done after its last one)."""
+        rows = self.all_rows
         if eos_early_stop:
             _, hi = self.block_bounds(rows)
             span = self.generated_span(rows, hi)
-            canvas = self.canvas[rows]
-            no_mask = ~((canvas == self.mask_token_id) & span).any(1)
-            has_eos = ((canvas == self.eos_token_id) & span).any(1)
-            stop = no_mask & has_eos
-            self.eos_stopped[rows[stop]] = True
-            self.done[rows[stop]] = True
-            rows = rows[~stop]
-        self.block[rows] += 1
-        finished = self.block[rows] >= self.num_blocks[rows]
-        self.done[rows[finished]] = True
-        rows = rows[~finished]
-        self.post[rows] = 0
-        self.block_step[rows] = 0
-        self.block_masked_start[rows] = self.masked_in_block(rows)
-        self.block_masked[rows] = self.block_masked_start[rows]
+            no_mask = ~((self.canvas == self.mask_token_id) & span).any(1)
+            has_eos = ((self.canvas == self.eos_token_id) & span).any(1)
+            stop = ending & no_mask & has_eos
+            self.eos_stopped |= stop
+            self.done |= stop
+            ending = ending & ~stop
+        self.block += ending.long()
+        finished = ending & (self.block >= self.num_blocks)
+        self.done |= finished
+        moved = ending & ~finished
+        zero = torch.zeros_like(self.post)
+        self.post = torch.where(moved, zero, self.post)
+        self.block_step = torch.where(moved, zero, self.block_step)
+        start = self.masked_in_block(rows)
+        self.block_masked_start = torch.where(moved, start, self.block_masked_start)
+        self.block_masked = torch.where(moved, start, self.block_masked)
 
     def result(self, wall_time: float) -> DecodeResult:
+        canvas = self.canvas.cpu()  # one transfer of everything the result reads
+        prompt_len, gen_end = self.prompt_len.tolist(), self.gen_end.tolist()
+        counts_all, eos_stopped = self.counts.tolist(), self.eos_stopped.tolist()
         rows = []
         for r in range(self.batch_size):
-            p, end = int(self.prompt_len[r]), int(self.gen_end[r])
-            out = self.canvas[r, p:end].tolist()
+            out = canvas[r, prompt_len[r] : gen_end[r]].tolist()
             if self.eos_token_id in out:
                 out = out[: out.index(self.eos_token_id) + 1]
-            counts = dict(zip(COUNTERS, self.counts[r].tolist()))
+            counts = dict(zip(COUNTERS, counts_all[r]))
             rows.append(
                 RowResult(
                     tokens=out,
                     tpf=len(out) / max(counts["nfe"], 1),
-                    eos_stopped=bool(self.eos_stopped[r]),
+                    eos_stopped=eos_stopped[r],
                     **counts,
                 )
             )
@@ -171,7 +193,7 @@ class DecodeState:
             model_time=self.model_time,
             forward_calls=self.forward_calls,
             tokens_per_second=n_tokens / wall_time if wall_time > 0 else float("inf"),
-            canvas=self.canvas.clone(),
+            canvas=canvas,
         )
 
 
@@ -255,6 +277,25 @@ class DecodeResult:
         d = asdict(self.rows[i])
         d["edits_per_token"] = self.rows[i].edits_per_token
         return d
+
+
+def row_seed(seed: int, index: int) -> int:
+    """The seed of the random stream of instance ``index`` under ``seed``: a hash of both, so
+    streams of different instances are unrelated and do not depend on how rows are batched."""
+    digest = hashlib.sha256(f"dlm-toolkit row stream|{seed}|{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+def row_seeds(seed: int | Sequence[int] | None, n: int) -> list[int]:
+    """Per-row stream seeds: an int ``seed`` gives row r ``row_seed(seed, r)`` (``None`` means 0); a
+    sequence gives each row its own seed as is (e.g. ``[row_seed(s, i) for i in instances]``, so a
+    row decodes the same whatever batch it is in)."""
+    if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)):
+        return [row_seed(seed or 0, r) for r in range(n)]
+    seeds = list(seed)
+    if len(seeds) != n or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"seed: expected an integer or {n} integers (one per prompt), got {seed!r}")
+    return seeds
 
 
 def validate_prompts(prompts: Sequence[Sequence[int]], gen_length: int, mask_token_id: int, vocab_size: int) -> None:

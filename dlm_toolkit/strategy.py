@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import torch
 
-from dlm_toolkit.config import RoleSpec, StrategyConfig, validate_model
+from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
 
 if TYPE_CHECKING:
     from dlm_toolkit.state import DecodeState
@@ -39,44 +39,148 @@ class Selection:
 
 @dataclass
 class StepContext:
-    """Everything a rule may look at for one forward. All tensors cover the rows forwarded
-    now (``B`` of them) and the window (``W`` positions); ``rows`` maps them to batch rows.
+    """Everything a rule may look at for one forward, built by :meth:`build` (the engine and
+    :func:`dlm_toolkit.testing.make_context` both go through it).
+
+    Tensors cover the ``B`` rows forwarded now and a window of ``W`` positions, all on the
+    model's device. Windows of rows with fewer real positions are left-padded (``valid`` False).
+
+    ======================  =========  =======  =================================================
+    field                   shape      dtype    meaning
+    ======================  =========  =======  =================================================
+    ``rows``                (B,)       long     batch row of each context row
+    ``positions``           (B, W)     long     absolute canvas positions (padding: earlier ones)
+    ``tokens``              (B, W)     long     tokens before this step
+    ``valid``               (B, W)     bool     a real window position (False for padding)
+    ``masked``              (B, W)     bool     valid and holds the mask token
+    ``is_prompt``           (B, W)     bool     a prompt position (never written)
+    ``in_block``            (B, W)     bool     inside the active block
+    ``fillable``            (B, W)     bool     masked & in_block: where M2T may commit
+    ``editable``            (B, W)     bool     valid, written, non-prompt, in the schedule's
+                                                edit window: where T2T may edit
+    ``sampled``             (B, W)     long     token drawn from this forward (never the mask id)
+    ``confidence``          (B, W)     float32  probability of ``sampled`` (softmax over the
+                                                whole vocabulary, mask token included)
+    ``logits``              (B, W, V)  float    raw logits of this forward (model dtype)
+    ``probs``               (B, W, V)  float32  their softmax (computed once, shared)
+    ``token_confidence``    (B, W)     float32  probability now of the token already there
+    ``written_step``        (B, W)     long     row step that wrote the token; -1: never
+                                                written (prompt, masked, remasked)
+    ``written_conf``        (B, W)     float32  confidence it was written with; 0.0 if never
+    ``step``                (B,)       long     forwards this row had before this one
+    ``block``               (B,)       long     active block index
+    ``block_step``          (B,)       long     forwards in the active block before this one
+    ``block_masked_start``  (B,)       long     masked positions of the active block when it
+                                                began
+    ``post``                (B,)       bool     the active block had no mask at step start
+    ``n_valid``             B ints     --       real window positions per row (host ints)
+    ``generators``          B          --       each row's own random stream: draw with
+                                                :meth:`rand`, never from a global generator
+    ``memory``              --         --       ``{role: value}`` returned by rules last step
+    ``batch_rows``          int        --       rows in the whole decode batch (N >= B)
+    ======================  =========  =======  =================================================
 
     Selections decided earlier in the same step are filled in as the policy goes:
     ``commit`` before ``t2t`` runs, ``edit`` before ``remask`` runs.
     """
 
-    rows: torch.Tensor  # (B,) batch row of each context row
-    positions: torch.Tensor  # (B, W) absolute canvas positions
-    tokens: torch.Tensor  # (B, W) tokens before this step
-    valid: torch.Tensor  # (B, W) a real canvas position (False for padding)
-    masked: torch.Tensor  # (B, W) holds the mask token
-    is_prompt: torch.Tensor  # (B, W)
-    in_block: torch.Tensor  # (B, W) inside the active block (where M2T may commit)
-    editable: torch.Tensor  # (B, W) written, non-prompt, inside the schedule's edit window
-    sampled: torch.Tensor  # (B, W) token drawn from this forward
-    confidence: torch.Tensor  # (B, W) float32 probability of `sampled`
-    logits: torch.Tensor  # (B, W, V) float32 logits (mask token at -inf if sampling.suppress_mask)
-    written_step: torch.Tensor  # (B, W) row step at which the token was written (-1: never)
-    written_conf: torch.Tensor  # (B, W) confidence when it was written
-    step: torch.Tensor  # (B,) forwards this row has had before this one
-    block: torch.Tensor  # (B,) active block index
-    block_step: torch.Tensor  # (B,) forwards of this row in its active block before this one
-    block_masked_start: torch.Tensor  # (B,) masked positions of the active block when it began
-    post: torch.Tensor  # (B,) the active block had no mask when this step began
-    generator: torch.Generator
+    rows: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    masked: torch.Tensor
+    is_prompt: torch.Tensor
+    in_block: torch.Tensor
+    editable: torch.Tensor
+    sampled: torch.Tensor
+    confidence: torch.Tensor
+    logits: torch.Tensor
+    written_step: torch.Tensor
+    written_conf: torch.Tensor
+    step: torch.Tensor
+    block: torch.Tensor
+    block_step: torch.Tensor
+    block_masked_start: torch.Tensor
+    post: torch.Tensor
+    n_valid: Sequence[int]
+    generators: Sequence[torch.Generator]
     memory: Mapping[str, Any]
     mask_token_id: int
     eos_token_id: int
+    batch_rows: int
     commit: torch.Tensor | None = None
     edit: torch.Tensor | None = None
     remask: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def build(
+        cls,
+        *,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        tokens: torch.Tensor,
+        prompt_len: torch.Tensor,
+        block_lo: torch.Tensor,
+        block_hi: torch.Tensor,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        written_step: torch.Tensor,
+        written_conf: torch.Tensor,
+        step: torch.Tensor,
+        block: torch.Tensor,
+        block_step: torch.Tensor,
+        block_masked_start: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        memory: Mapping[str, Any],
+        mask_token_id: int,
+        eos_token_id: int,
+        batch_rows: int,
+        n_valid: Sequence[int] | None = None,
+    ) -> StepContext:
+        """The context of one forward from the canvas window and the logits: derives the masks,
+        draws ``sampled``/``confidence`` (:func:`dlm_toolkit.sampling.sample`, using each row's own
+        stream) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
+        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``: (B,) per row.
+        ``n_valid``: ``valid.sum(1)`` as host ints when the caller already has them (the engine
+        does: reading them from the device would cost a host sync)."""
+        from dlm_toolkit.sampling import sample
+
+        masked = (tokens == mask_token_id) & valid
+        is_prompt = positions < prompt_len[:, None]
+        in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
+        ctx = cls(
+            rows=rows, positions=positions, tokens=tokens, valid=valid, masked=masked, is_prompt=is_prompt,
+            in_block=in_block, editable=valid & ~is_prompt & ~masked, sampled=tokens, confidence=written_conf,
+            logits=logits, written_step=written_step, written_conf=written_conf, step=step, block=block,
+            block_step=block_step, block_masked_start=block_masked_start, post=~(masked & in_block).any(1),
+            n_valid=list(n_valid) if n_valid is not None else valid.sum(1).tolist(), generators=generators,
+            memory=memory, mask_token_id=mask_token_id, eos_token_id=eos_token_id, batch_rows=batch_rows,
+        )
+        sampled, confidence, probs = sample(logits, sampling, mask_token_id, ctx.rand)
+        ctx.sampled, ctx.confidence = sampled, confidence
+        ctx.__dict__["probs"] = probs  # a cached property: computed once, by the sampler
+        return ctx
+
+    def rand(self, *trailing: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``(B, W, *trailing)`` uniform numbers in [0, 1), row b's from its own stream.
+
+        A row draws exactly ``n_valid[b] * prod(trailing)`` numbers, for its real positions only
+        (padding gets 1.0), so its draws do not depend on which rows share its batch: a batch
+        decodes row for row as each prompt alone, at any temperature and with random rules.
+        """
+        out = torch.ones(*self.tokens.shape, *trailing, dtype=dtype, device=self.tokens.device)
+        width = self.tokens.shape[1]
+        for b, (n, gen) in enumerate(zip(self.n_valid, self.generators)):
+            if n:
+                out[b, width - n :] = torch.rand((n, *trailing), generator=gen, dtype=dtype, device=out.device)
+        return out
+
     @cached_property
     def probs(self) -> torch.Tensor:
-        """(B, W, V) softmax of the raw logits."""
-        return torch.softmax(self.logits, dim=-1)
+        """(B, W, V) float32 softmax of the raw logits (mask token included)."""
+        return torch.softmax(self.logits.float(), dim=-1)
 
     @cached_property
     def token_confidence(self) -> torch.Tensor:
@@ -95,6 +199,10 @@ class StepContext:
     @property
     def width(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
 
 
 class Strategy:
@@ -168,12 +276,18 @@ class RemaskRule(Strategy):
 
 
 class BlockSchedule(Strategy):
-    """Which window each row forwards next, and when a block (or a row) is finished.
+    """Which window each row forwards next, what it attends to, and when a block (or a row) is
+    finished.
 
     Block schedules are the one role that updates :class:`DecodeState` (its ``block``,
-    ``post``, ``done`` fields); they keep nothing on ``self``. Lifecycle per decode:
-    ``layout`` once, then per forward ``prepare`` → ``window`` → (forward, rules) →
-    ``finish_step``.
+    ``post``, ``done`` fields); they keep nothing on ``self``. Lifecycle per decode: ``layout``
+    once, then per forward ``prepare`` → ``window`` → ``attention_groups`` / ``cache_boundary``
+    → (forward, rules, write) → ``finish_step``. The engine only applies what the schedule says:
+    the attention pattern and which positions enter the KV cache are the schedule's to declare.
+
+    Methods that get ``state`` work on its device tensors and must not read them on the host
+    (no ``.item()``, ``.tolist()``, ``if tensor.any()``, boolean indexing): on a GPU each such read
+    stalls the decode. Update per-row fields with masked writes (``torch.where``).
     """
 
     role = "blocks"
@@ -183,20 +297,38 @@ class BlockSchedule(Strategy):
         return int(self.config.block_length)  # type: ignore[attr-defined]
 
     def layout(self, prompt_len: torch.Tensor, gen_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: block origin (absolute position of block 0), first block, number of blocks."""
+        """Per row (CPU tensors in, CPU tensors out): block origin (absolute position of block 0),
+        first block, number of blocks."""
         raise NotImplementedError
 
     def prepare(self, state: DecodeState) -> torch.Tensor:
-        """Finish blocks that need no forward; return the rows that forward now (long, sorted)."""
+        """Finish blocks that need no forward; return ``(N,)`` bool: the rows that forward now."""
         raise NotImplementedError
 
     def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row in ``rows``: absolute ``[lo, hi)`` of the window whose logits are used.
 
-        All windows of one step have the same width. Positions in ``[lo, hi)`` attend to each
-        other bidirectionally; ``hi`` must end the active block.
+        Rules see the window; ``hi`` must end the active block.
         """
         raise NotImplementedError
+
+    def attention_groups(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``(R, T)`` long attention group of each absolute position: a query attends to a key iff
+        ``group[key] <= group[query]`` (positions of one group see each other).
+
+        Default: the position's block (``(pos - origin) // block_length``; positions before the
+        origin, a prompt laid out with ``align: prompt``, are group -1), which is block-causal
+        attention with a bidirectional active block. Full-attention models ignore groups.
+        """
+        group = torch.div(positions - state.origin[rows, None], state.block_length, rounding_mode="floor")
+        return torch.where(positions < state.origin[rows, None], -1, group)
+
+    def cache_boundary(self, state: DecodeState, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """``(R,)`` absolute position before which everything is final: those positions enter the
+        exact KV cache in this forward and are never recomputed. Must lie in ``[cache length, lo]``,
+        and a cached position may only attend to positions before the boundary (else its cached keys
+        would go stale). Default: the window start ``lo``."""
+        return lo
 
     def max_forwards_per_block(self) -> int:
         """Forwards one block may take before the engine calls the schedule broken (bounds NFE)."""

@@ -33,22 +33,19 @@ class SemiAutoregressive(BlockSchedule):
         return torch.zeros_like(prompt_len), prompt_len // bl, -(-(prompt_len + gen_length) // bl)
 
     def prepare(self, state: DecodeState) -> torch.Tensor:
-        ready = torch.zeros_like(state.done)
-        check = ~state.done
-        while check.any():
-            rows = check.nonzero().squeeze(1)
-            no_mask = state.block_masked[rows] == 0
-            state.post[rows[no_mask]] += 1
-            over = no_mask & (state.post[rows] > self.config.max_post_steps)  # checked before the forward
-            ready[rows[~over]] = True
-            state.advance_block(rows[over], self.config.eos_early_stop)
-            check = torch.zeros_like(check)
-            check[rows[over]] = ~state.done[rows[over]]
-        return ready.nonzero().squeeze(1)
+        live = ~state.done
+        no_mask = live & (state.block_masked == 0)
+        state.post = state.post + no_mask.long()
+        over = no_mask & (state.post > self.config.max_post_steps)  # checked before the forward
+        state.advance_blocks(over, self.config.eos_early_stop)
+        # One pass suffices: a block entered now holds a generated position, and generated
+        # positions after the active block are all still masked, so it needs a forward.
+        return ~state.done
 
     def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return state.block_bounds(rows)
 
     def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
         converged = ctx.post & ~ctx.edit.any(1)
-        state.advance_block(ctx.rows[converged], self.config.eos_early_stop)
+        ending = torch.zeros_like(state.done).index_put_((ctx.rows,), converged)
+        state.advance_blocks(ending, self.config.eos_early_stop)

@@ -4,7 +4,7 @@ Paper: MDLM (Sahoo et al., arXiv 2406.07524) ancestral sampling of the reverse p
 ``alg="origin"`` (arXiv 2508.15487). With the linear schedule alpha_t = 1 - t over
 ``steps_per_block`` forwards S, a mask survives from t to s = t - 1/S with probability s / t,
 so at block step k it is committed with probability (alpha_s - alpha_t) / (1 - alpha_t) = 1 / (S - k)
-(all of them from step S - 1 on). Draws use ``ctx.generator``. When the draw commits nothing in
+(all of them from step S - 1 on). Draws use each row's own stream (``ctx.rand``). When the draw commits nothing in
 a row with masks, its most confident mask is committed, so every step makes progress.
 """
 
@@ -24,6 +24,6 @@ class AncestralUnmask(UnmaskRule):
 
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         left = (self.config.steps_per_block - ctx.block_step).clamp(min=1)
-        u = torch.rand(ctx.confidence.shape, generator=ctx.generator)
+        u = ctx.rand()
         commit = ctx.fillable & (u * left[:, None] < 1)
         return at_least_one(commit, ctx.confidence, ctx.fillable)

@@ -30,8 +30,8 @@ class CreditUnmask(UnmaskRule):
 
     def __call__(self, ctx: StepContext) -> Selection:
         cfg, old, p = self.config, ctx.memory.get(self.role), ctx.confidence
-        token, seen = recall(old, ctx, "token", torch.tensor(-1))
-        credit, _ = recall(old, ctx, "credit", torch.tensor(0.0))
+        token, seen = recall(old, ctx, "token", ctx.sampled.new_tensor(-1))
+        credit, _ = recall(old, ctx, "credit", p.new_tensor(0.0))
         same = seen & (token == ctx.sampled)
         credit = torch.where(same, cfg.beta * credit, 0.0) + p.clamp(min=0) ** cfg.gamma
         boost = (1 + credit) ** cfg.alpha

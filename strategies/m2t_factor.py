@@ -26,7 +26,7 @@ class FactorUnmask(UnmaskRule):
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         conf = ctx.confidence.masked_fill(~ctx.fillable, float("-inf"))
         sorted_conf = conf.sort(dim=1, descending=True, stable=True).values
-        n = torch.arange(1, ctx.width + 1)
+        n = torch.arange(1, ctx.width + 1, device=ctx.device)
         ok = ((n + 1) * (1 - sorted_conf) < self.config.factor) & (sorted_conf > float("-inf"))
         ok[:, 0] = True  # at least one
         k = ok.long().cumprod(1).sum(1).clamp(max=ctx.fillable.sum(1))

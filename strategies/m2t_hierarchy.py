@@ -29,6 +29,6 @@ class HierarchyUnmask(UnmaskRule):
         prev = torch.cat([torch.zeros_like(fill[:, :1]), fill[:, :-1]], dim=1)
         segment = (fill & ~prev).long().cumsum(1)  # 1, 2, ... on masks (0 before the first run)
         score = conf.masked_fill(~fill, float("-inf"))
-        seg_max = torch.full(conf.shape, float("-inf")).scatter_reduce(1, segment, score, "amax")
+        seg_max = torch.full_like(conf, float("-inf")).scatter_reduce(1, segment, score, "amax")
         best = fill & (score == seg_max.gather(1, segment)) & (conf > self.config.low_threshold)
         return best | (fill & (conf > self.config.threshold)) | top1(conf, fill)

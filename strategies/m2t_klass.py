@@ -28,8 +28,8 @@ class KlassUnmask(UnmaskRule):
     def __call__(self, ctx: StepContext) -> Selection:
         cfg, old = self.config, ctx.memory.get(self.role)
         probs = ctx.probs
-        prev, seen = recall(old, ctx, "probs", torch.zeros(probs.shape[-1]))
-        streak, _ = recall(old, ctx, "streak", torch.zeros((), dtype=torch.long))
+        prev, seen = recall(old, ctx, "probs", probs.new_zeros(probs.shape[-1]))
+        streak, _ = recall(old, ctx, "streak", ctx.step.new_zeros(()))
         kl = (probs * ((probs + 1e-12).log() - (prev + 1e-12).log())).sum(-1)
         streak = torch.where(seen & (kl < cfg.kl_threshold), streak + 1, 0)
         ready = ctx.fillable & (streak >= cfg.history) & (ctx.confidence > cfg.threshold)

@@ -26,7 +26,7 @@ class TopKUnmask(UnmaskRule):
         cfg = self.config
         k = step_quota(cfg, ctx)
         if cfg.ranking == "random":
-            score = torch.rand(ctx.confidence.shape, generator=ctx.generator)
+            score = ctx.rand()
         else:
             score = ctx.confidence
         return topk_per_row(score, ctx.fillable, k)

@@ -7,7 +7,7 @@ rate is sigma_max = min(1, (1 - alpha_s) / alpha_t). ``schedule``: ``cap`` sigma
 sigma_max); ``rescale`` sigma = eta * sigma_max; ``conf`` sigma_l = eta_conf_l * sigma_max with
 eta_conf = softmax(-psi) over the candidates, psi_l the confidence the token was written with
 (``ctx.written_conf``; ``eta`` unused). Candidates: written, non-prompt, not edited now, in the
-active block; draws use ``ctx.generator``; at most (commits - 1) per row are kept (a uniformly
+active block; draws use each row's own stream (``ctx.rand``); at most (commits - 1) per row are kept (a uniformly
 random subset), so every step keeps net progress >= 1.
 """
 
@@ -41,5 +41,5 @@ class ReMDMRemask(RemaskRule):
         else:
             weight = torch.softmax((-ctx.written_conf).masked_fill(~cand, float("-inf")), dim=1)
             sigma = weight.nan_to_num(0.0) * sigma_max
-        u = torch.rand(ctx.confidence.shape, generator=ctx.generator)
+        u = ctx.rand()
         return topk_per_row(-u, cand & (u < sigma), remask_budget(ctx))

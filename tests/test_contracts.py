@@ -156,7 +156,28 @@ class _BatchCoupled(UnmaskRule):  # normalises by the batch-wide maximum
 
 class _SecretlyRandom(UnmaskRule):
     def __call__(self, ctx):
-        return top1(torch.rand(ctx.confidence.shape, generator=ctx.generator), ctx.fillable)
+        return top1(ctx.rand(), ctx.fillable)
+
+
+class _OneStreamForAll(UnmaskRule):  # draws every row's numbers from the first row's stream
+    def __call__(self, ctx):
+        return top1(torch.rand(ctx.confidence.shape, generator=ctx.generators[0]), ctx.fillable)
+
+
+class _CommitsOutsideBlock(UnmaskRule):  # commits masks anywhere in the window
+    def __call__(self, ctx):
+        return top1(ctx.confidence, ctx.fillable) | (ctx.masked & ~ctx.in_block)
+
+
+class _AllocatesOnDefaultDevice(UnmaskRule):
+    def __call__(self, ctx):
+        none = torch.zeros(ctx.batch_size, ctx.width, dtype=torch.bool)  # no device=: the CPU by default
+        return top1(ctx.confidence, ctx.fillable) | none
+
+
+class _SelectsPadding(EditRule):  # edits written positions outside the window too
+    def __call__(self, ctx):
+        return ctx.editable | (~ctx.valid & (ctx.tokens != ctx.mask_token_id))
 
 
 class _Stateful(UnmaskRule):
@@ -194,6 +215,10 @@ def _suite(base, rule_cls):
         (UnmaskRuleContract, _CommitsPrompt, "test_selection_contract_on_random_contexts"),
         (UnmaskRuleContract, _BatchCoupled, "test_batch_invariance"),
         (UnmaskRuleContract, _SecretlyRandom, "test_ignores_seed_unless_random"),
+        (UnmaskRuleContract, _CommitsOutsideBlock, "test_selection_contract_on_random_contexts"),
+        (UnmaskRuleContract, _AllocatesOnDefaultDevice, "test_allocates_on_the_inputs_device"),
+        (UnmaskRuleContract, _AllocatesOnDefaultDevice, "test_decode_allocates_on_the_model_device"),
+        (EditRuleContract, _SelectsPadding, "test_selection_contract_on_random_contexts"),
         (EditRuleContract, _EditsMasks, "test_selection_contract_on_random_contexts"),
         (RemaskRuleContract, _GreedyRemask, "test_selection_contract_on_random_contexts"),
     ],
@@ -202,6 +227,12 @@ def test_suites_reject_broken_rules(base, rule_cls, test):
     suite = _suite(base, rule_cls)
     with pytest.raises(AssertionError):
         getattr(suite, test)()
+
+
+def test_batch_invariance_catches_a_random_rule_sharing_one_stream():
+    suite = type("Suite", (UnmaskRuleContract,), {"rule_factory": _OneStreamForAll, "uses_randomness": True})()
+    with pytest.raises(AssertionError, match="alone"):
+        suite.test_batch_invariance()
 
 
 def test_suite_rejects_state_on_the_rule_object():

@@ -66,3 +66,17 @@ class DiffusionLM(Protocol):
             ``(B, T, vocab_size)`` float32 logits; logits at position i predict the token at i.
         """
         ...
+
+
+def model_device(model: Any) -> torch.device:
+    """The device a model computes on: its ``device`` attribute, else its first parameter's, else
+    the CPU (scripted models without weights). The decode runs there."""
+    device = getattr(model, "device", None)
+    if device is not None:
+        return torch.device(device)
+    parameters = getattr(model, "parameters", None)
+    if callable(parameters):
+        first = next(iter(parameters()), None)
+        if first is not None:
+            return first.device
+    return torch.device("cpu")

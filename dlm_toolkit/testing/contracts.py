@@ -9,17 +9,19 @@ Subclass the suite of your rule's role in your own pytest file; pytest then runs
     class TestMyRule(UnmaskRuleContract):
         rule_factory = MyRule                       # a class, or any callable(config) -> rule
         configs = [{}, {"threshold": 0.5}]          # optional: configs to check (default: [{}])
-        uses_randomness = False                     # True if the rule draws from ctx.generator
+        uses_randomness = False                     # True if the rule draws random numbers (ctx.rand)
 
 The suites check the role's contract on many random contexts (random masks, prompts, blocks,
 edit windows; flat, peaked, uniform and one-hot logits) built with
 :func:`~dlm_toolkit.testing.make_context`, over three consecutive steps that share memory:
-the selection's type and shape, that it stays inside the allowed positions, progress, batch
-invariance (row i of a batch selects what row i alone selects; rules using random numbers are
-checked for determinism under a seed instead), determinism, that the rule keeps no state on
-itself, config round trips (dict and JSON via ``rule.spec()``), rejection of unknown keys and
-out-of-range values, and an end-to-end decode with a scripted model that must finish with no
-mask left. The base classes have no ``Test`` prefix, so pytest collects only your subclasses.
+the selection's type and shape, that it stays inside the allowed positions (the contexts hold
+masks outside the active block and left padding, which no role may select), progress, batch
+invariance (row i of a batch selects what row i alone selects, random rules included: each row
+draws from its own stream), determinism under a seed, that the rule allocates nothing off the
+device of its inputs (it runs with the default device pointed at ``meta``, so a tensor made
+without ``device=`` fails), that it keeps no state on itself, config round trips (dict and JSON
+via ``rule.spec()``), rejection of unknown keys and out-of-range values, and an end-to-end decode
+with a scripted model that must finish with no mask left. The base classes have no ``Test`` prefix, so pytest collects only your subclasses.
 Override :meth:`~_StrategyContract.make_rule` instead of ``rule_factory`` when building the
 rule needs more than a config, and :meth:`~_RuleContract.is_random` when only some configs
 draw random numbers.
@@ -27,6 +29,7 @@ draw random numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -39,6 +42,7 @@ from dlm_toolkit.config import ConfigError, PolicyConfig, RoleSpec, StrategyConf
 from dlm_toolkit.decode import decode
 from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.registry import REGISTRIES
+from dlm_toolkit.state import row_seed
 from dlm_toolkit.selection import remaskable, top1
 from dlm_toolkit.strategy import BlockSchedule, Selection, StepContext, Strategy
 from dlm_toolkit.testing.context import make_context
@@ -53,10 +57,12 @@ STEPS = 3  # consecutive steps per random case (memory carries across them)
 def random_case(seed: int) -> dict[str, Any]:
     """A random batch of windows as plain tensors (build contexts from it with :func:`build_context`).
 
-    Window ``[0, W)`` with the active block ``[lo, W)``; per row a prompt length, masks in the
-    non-prompt part of the block (none, some or all), written tokens before it; logits of one
-    kind: flat, peaked, mixed scales, exactly uniform or one-hot; the mask token suppressed as
-    the engine does. Sometimes the edit window spans the whole window (multi-block editing).
+    Window ``[0, W)`` with the active block ``[lo, W)``; per row left padding (positions outside
+    the window) before the block, a prompt length, masks in the non-prompt part of the block (none,
+    some or all) and sometimes before it (a rule must not commit those), written tokens elsewhere;
+    logits of one kind: flat, peaked, mixed scales, exactly uniform or one-hot, with the mask
+    token's logit sometimes the largest (a degenerate model). Sometimes the edit window spans the
+    whole window (multi-block editing).
     """
     g = random.Random(seed)
     tg = torch.Generator().manual_seed(seed)
@@ -65,10 +71,14 @@ def random_case(seed: int) -> dict[str, Any]:
     lo = g.randint(0, w - 1) if g.random() < 0.3 else g.randint(0, w // 2)
     pos = torch.arange(w)
     in_block = (pos >= lo).expand(b, w).clone()
+    pad = torch.tensor([g.randint(0, lo) if g.random() < 0.3 else 0 for _ in range(b)])
+    valid = pos[None, :] >= pad[:, None]
     prompt_len = torch.tensor([w if g.random() < 0.1 else g.choice([0, 1, lo, g.randint(0, lo + 1)]) for _ in range(b)])
     is_prompt = pos[None, :] < prompt_len[:, None]
     rate = torch.tensor([g.choice([0.0, 0.3, 0.6, 0.8, 1.0, 1.0]) for _ in range(b)])[:, None]
     masked = in_block & ~is_prompt & (torch.rand(b, w, generator=tg) < rate)
+    if g.random() < 0.4:  # masks outside the active block: never fillable
+        masked |= valid & ~in_block & ~is_prompt & (torch.rand(b, w, generator=tg) < 0.5)
     tokens = torch.randint(0, v - 1, (b, w), generator=tg).masked_fill(masked, mask_id)
     kind = g.choice(["flat", "peaked", "mixed", "mixed", "mixed", "uniform", "onehot"])
     if kind == "uniform":
@@ -78,10 +88,11 @@ def random_case(seed: int) -> dict[str, Any]:
     else:
         scale = {"flat": 0.3, "peaked": 6.0}.get(kind) or torch.rand(b, w, 1, generator=tg) * 8
         logits = torch.randn(b, w, v, generator=tg) * scale
-    logits[..., mask_id] = float("-inf")
-    written = ~masked & ~is_prompt
+    mask_wins = torch.rand(b, w, generator=tg) < (0.3 if g.random() < 0.3 else 0.0)
+    logits[..., mask_id] = torch.where(mask_wins, logits.max(-1).values + 1.0, logits[..., mask_id] - 2.0)
+    written = valid & ~masked & ~is_prompt
     n_gen_block = (in_block & ~is_prompt).sum(1)
-    n_masked = masked.sum(1)
+    n_masked = (masked & in_block).sum(1)
     block_step = torch.tensor([g.randint(0, w + 2) for _ in range(b)])
     step = block_step + torch.tensor([g.randint(0, 20) for _ in range(b)])
     return dict(
@@ -89,6 +100,7 @@ def random_case(seed: int) -> dict[str, Any]:
         logits=logits,
         mask_token_id=mask_id,
         eos_token_id=eos_id,
+        valid=valid,
         prompt_len=prompt_len,
         in_block=in_block,
         editable_region=torch.ones(b, w, dtype=torch.bool) if g.random() < 0.3 else in_block.clone(),
@@ -100,21 +112,20 @@ def random_case(seed: int) -> dict[str, Any]:
     )
 
 
-PER_ROW = ("tokens", "logits", "prompt_len", "in_block", "editable_region", "block_step",
+PER_ROW = ("tokens", "logits", "valid", "prompt_len", "in_block", "editable_region", "block_step",
            "block_masked_start", "step", "written_step", "written_conf")
 
 
 def build_context(case: Mapping[str, Any], rows: Sequence[int] | None = None, *, seed: int = 0,
                   memory: dict[str, Any] | None = None) -> StepContext:
-    """A :class:`StepContext` for ``case`` (or only its ``rows``, keeping their batch-row ids)."""
-    idx = torch.arange(case["tokens"].shape[0]) if rows is None else torch.as_tensor(list(rows))
+    """A :class:`StepContext` for ``case`` (or only its ``rows``, keeping their batch-row ids and
+    their random streams: row i draws from ``row_seed(seed, i)`` alone or in the batch)."""
+    n = case["tokens"].shape[0]
+    idx = torch.arange(n) if rows is None else torch.as_tensor(list(rows))
     part = {k: case[k][idx] for k in PER_ROW}
-    written_conf = part.pop("written_conf")
-    ctx = make_context(mask_token_id=case["mask_token_id"], eos_token_id=case["eos_token_id"], seed=seed,
-                       memory=memory if memory is not None else {}, **part)
-    ctx.rows = idx.clone()
-    ctx.written_conf = written_conf
-    return ctx
+    return make_context(mask_token_id=case["mask_token_id"], eos_token_id=case["eos_token_id"],
+                        seed=[row_seed(seed, int(i)) for i in idx], rows=idx.clone(), batch_rows=n,
+                        memory=memory if memory is not None else {}, **part)
 
 
 def advance(case: dict[str, Any], ctx: StepContext, seed: int) -> dict[str, Any]:
@@ -231,11 +242,17 @@ class _StrategyContract:
     def is_random(self, rule: Strategy) -> bool:
         return bool(getattr(self, "uses_randomness", False))
 
-    def _decode(self, rule: Strategy, seed: int, prompts: list[list[int]], gen_length: int, attention: str = "block_causal",
-                policy: DecodingPolicy | None = None):
+    def _decode(self, rule: Strategy, seed: int, prompts: list[list[int]], gen_length: int,
+                attention: str = "block_causal", policy: DecodingPolicy | None = None, streams: list[int] | None = None,
+                default_device: str | None = None):
+        """Decode with a scripted model seeded by ``seed``; rows draw from ``row_seed(seed, r)``
+        unless ``streams`` gives each row's stream seed. ``default_device``: torch's default device
+        during the decode (the model and the policy are made before, on the CPU)."""
         vocab = 24
         model = ScriptedLM(mixing_logits(vocab, seed=seed, scale=2.5, mix=2.0), vocab, vocab - 1, vocab - 2, attention=attention)  # type: ignore[arg-type]
-        return decode(model, prompts, policy or self.policy_for(rule), gen_length, seed=seed)
+        policy = policy or self.policy_for(rule)
+        with torch.device(default_device) if default_device else contextlib.nullcontext():
+            return decode(model, prompts, policy, gen_length, seed=streams if streams is not None else seed)
 
     def test_decode_end_to_end(self):
         for n, rule in enumerate(self.rules()):
@@ -250,11 +267,20 @@ class _StrategyContract:
                     assert len(res.tokens[i]) >= 1
                 again = self._decode(rule, seed, prompts, gen)
                 assert again.tokens == res.tokens, f"{rule!r}: two decodes with the same seed differ"
-                if not self.is_random(rule):
-                    for i, p in enumerate(prompts):
-                        alone = self._decode(rule, seed, [p], gen)
-                        assert alone.tokens[0] == res.tokens[i], f"{rule!r}: batch row {i} differs from decoding it alone"
-                        assert alone.rows[0].nfe == res.rows[i].nfe, f"{rule!r}: batch row {i} NFE differs from alone"
+                for i, p in enumerate(prompts):
+                    alone = self._decode(rule, seed, [p], gen, streams=[row_seed(seed, i)])
+                    assert alone.tokens[0] == res.tokens[i], f"{rule!r}: batch row {i} differs from decoding it alone"
+                    assert alone.rows[0].nfe == res.rows[i].nfe, f"{rule!r}: batch row {i} NFE differs from alone"
+
+    def test_decode_allocates_on_the_model_device(self):
+        """A whole decode with the default device pointed at ``meta`` and the model on the CPU: a
+        tensor the rule (or the engine) makes without ``device=`` lands on ``meta`` and fails."""
+        for n, rule in enumerate(self.rules()):
+            try:
+                res = self._decode(rule, n, [[1, 2, 3], [4, 5, 6, 7, 8]], 9, default_device="meta")
+            except (RuntimeError, NotImplementedError) as err:
+                raise AssertionError(f"{rule!r} (or the engine) made a tensor without a device during a decode: {err}") from err
+            assert res.canvas.device.type == "cpu"
 
 
 def _out_of_range(metadata: list[Any]) -> list[Any]:
@@ -299,7 +325,7 @@ class _RuleContract(_StrategyContract):
         """Run ``STEPS`` consecutive steps of one random case, memory carried, each output checked.
 
         Returns the case of every step (the canvas moves on with the rule's own selections) and
-        the selections. ``ctx.generator`` is seeded from ``generator_seed`` (default ``seed``).
+        the selections. The rows' random streams are seeded from ``generator_seed`` (default ``seed``).
         """
         cases, outs, memory = [case], [], {}
         gen = seed if generator_seed is None else generator_seed
@@ -341,13 +367,27 @@ class _RuleContract(_StrategyContract):
                 _, a = self.run_case(rule, random_case(seed), seed)
                 _, b = self.run_case(rule, random_case(seed), seed, generator_seed=seed + 1000)
                 assert all(torch.equal(x, y) for x, y in zip(a, b)), (
-                    f"{rule!r} depends on ctx.generator: set uses_randomness = True (or override is_random) in the suite"
+                    f"{rule!r} depends on the random streams: set uses_randomness = True (or override is_random) in the suite"
                 )
+
+    def test_allocates_on_the_inputs_device(self):
+        """The rule runs with the default device pointed at ``meta`` while its inputs are on the CPU:
+        a tensor made without ``device=`` (``torch.zeros(n)``, ``torch.arange(w)``) lands on ``meta``
+        and fails to mix with the inputs, as it would fail on a GPU."""
+        for rule in self.rules():
+            for seed in range(0, self.n_cases, 4):
+                memory: dict[str, Any] = {}
+                ctx = build_context(random_case(seed), seed=seed, memory=memory)
+                self.prepare(ctx)
+                try:
+                    with torch.device("meta"):
+                        select, _ = _as_tensor(rule, rule(ctx))
+                except (RuntimeError, NotImplementedError) as err:
+                    raise AssertionError(f"{rule!r} made a tensor without a device (case seed {seed}): {err}") from err
+                assert select.device == ctx.device, f"{rule!r} returned a selection on {select.device}, inputs are on {ctx.device}"
 
     def test_batch_invariance(self):
         for rule in self.rules():
-            if self.is_random(rule):
-                continue  # random draws depend on the batch shape; determinism is checked instead
             for seed in range(self.n_cases):
                 cases, batch_outs = self.run_case(rule, random_case(seed), seed)
                 for i in range(cases[0]["tokens"].shape[0]):
@@ -480,7 +520,7 @@ class BlockScheduleContract(_StrategyContract):
             res = self._decode(rule, n, prompts, 9, attention="full")
             for i, p in enumerate(prompts):
                 assert 23 not in res.tokens[i] and res.canvas[i, : len(p)].tolist() == p
-                alone = self._decode(rule, n, [p], 9, attention="full")
+                alone = self._decode(rule, n, [p], 9, attention="full", streams=[row_seed(n, i)])
                 assert alone.tokens[0] == res.tokens[i], f"{rule!r}: batch row {i} differs from decoding it alone"
 
 

@@ -28,8 +28,9 @@ class ScriptedLM:
         mask_token_id: int,
         eos_token_id: int,
         attention: AttentionKind = "block_causal",
+        device: torch.device | str = "cpu",
     ) -> None:
-        self.fn, self.vocab_size = fn, vocab_size
+        self.fn, self.vocab_size, self.device = fn, vocab_size, torch.device(device)
         self.mask_token_id, self.eos_token_id, self.attention = mask_token_id, eos_token_id, attention
         self.calls = 0
 
