@@ -38,6 +38,28 @@ def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
     return load_policy(args.policy or args.preset, parse_sets(args.set))
 
 
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype``, ``--threads``: the same three options on every command that runs a model."""
+    g = p.add_argument_group("where and how to run")
+    g.add_argument("--device", help="cpu (default), cuda or cuda:N")
+    g.add_argument("--dtype", help="weight dtype: float32 (CPU default), bfloat16 (GPU default) or float16")
+    g.add_argument("--threads", type=int, help="intra-op CPU threads (default: 1 for small models, torch's default otherwise)")
+
+
+def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = True, **ids: int | None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of checkpoint ``path`` on ``--device`` in ``--dtype``, with ``--threads``
+    applied; ``ids``: ``mask_token_id``/``eos_token_id`` overrides."""
+    from dlm_toolkit.evaluate import load_checkpoint
+    from dlm_toolkit.runtime import apply_threads, is_small, resolve_device, resolve_dtype, resolve_threads
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    resolve_threads(args.threads, small_model=True)  # a bad value fails before the model loads
+    model, tokenizer = load_checkpoint(path, need_tokenizer, device=device, dtype=dtype, **ids)
+    apply_threads(resolve_threads(args.threads, small_model=is_small(model)))
+    return model, tokenizer
+
+
 def parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
@@ -48,12 +70,10 @@ def parse_ids(text: str) -> list[int]:
 # -- decode ---------------------------------------------------------------------------------
 def cmd_decode(args: argparse.Namespace) -> int:
     from dlm_toolkit.decode import decode
-    from dlm_toolkit.models import load_model
-    from dlm_toolkit.tokenizer import find_tokenizer
 
     policy = policy_from_args(args)
-    model = load_model(args.checkpoint, mask_token_id=args.mask_id, eos_token_id=args.eos_id)
-    tokenizer = find_tokenizer(args.checkpoint)
+    model, tokenizer = load_for_args(args, args.checkpoint, need_tokenizer=False,
+                                     mask_token_id=args.mask_id, eos_token_id=args.eos_id)
     if args.prompt_ids is not None:
         prompt = parse_ids(args.prompt_ids)
     else:
@@ -136,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the prefix every forward")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_runtime_args(p)
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("conformance", help="check model + decoding against golden fixtures",

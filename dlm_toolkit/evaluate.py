@@ -7,12 +7,15 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable
 
+import torch
 from tqdm import tqdm
 
 from dlm_toolkit.config import ConfigError, PolicyConfig
 from dlm_toolkit.decode import decode
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.policy import DecodingPolicy
+from dlm_toolkit.runtime import is_small, resolve_device, resolve_dtype, resolve_threads, threads_scope
+from dlm_toolkit.state import row_seed
 from dlm_toolkit.tasks import Task, get_task
 
 
@@ -43,6 +46,7 @@ def evaluate(
     kv_cache: bool = True,
     progress: bool = True,
     on_batch: Callable[[int, dict[str, float]], None] | None = None,
+    threads: int | None = None,
 ) -> EvalResult:
     """Decode ``n`` held-out (eval-split) instances of ``task`` and score them.
 
@@ -50,13 +54,24 @@ def evaluate(
         model: any DiffusionLM; ``tokenizer`` must be the one it was trained with.
         task: a :class:`Task` or a task name.
         n: number of eval instances (seeded by ``seed``).
-        batch_size: prompts decoded together (rows are independent, so results do not
-            depend on it).
+        batch_size: prompts decoded together. Rows are independent and instance i draws its
+            random numbers from the stream ``row_seed(seed, i)``, so results do not depend on it,
+            at any temperature.
         on_batch: called after each batch with (instances done, running metrics); sweeps use
             it to report intermediate quality for pruning.
+        threads: intra-op CPU threads while evaluating (default: 1 for a small model, torch's
+            default for a large one); restored afterwards.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ConfigError(f"n: must be an integer >= 1 (got {n!r})")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ConfigError(f"batch_size: must be an integer >= 1 (got {batch_size!r})")
+    with threads_scope(resolve_threads(threads, small_model=is_small(model))):
+        return _evaluate(model, tokenizer, task, policy, n, seed, batch_size, kv_cache, progress, on_batch)
+
+
+def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any, n: int, seed: int, batch_size: int,
+              kv_cache: bool, progress: bool, on_batch: Callable[[int, dict[str, float]], None] | None) -> EvalResult:
     task = get_task(task) if isinstance(task, str) else task
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
     instances = task.instances(n, seed, "eval")
@@ -69,7 +84,8 @@ def evaluate(
     for start in range(0, n, batch_size):
         batch = instances[start : start + batch_size]
         t0 = perf_counter()
-        result = decode(model, prompts[start : start + batch_size], policy, gen_length, kv_cache=kv_cache, seed=seed + start)
+        streams = [row_seed(seed, i) for i in range(start, start + len(batch))]
+        result = decode(model, prompts[start : start + batch_size], policy, gen_length, kv_cache=kv_cache, seed=streams)
         totals["wall"] += perf_counter() - t0
         completions = [tokenizer.decode(strip_eos(r.tokens, model.eos_token_id)) for r in result.rows]
         scores = task.score_batch(batch, completions)
@@ -124,12 +140,21 @@ def check_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task:
         )
 
 
-def load_checkpoint(path: str | Path, need_tokenizer: bool = True) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from a checkpoint folder; a clear error if the tokenizer is missing."""
+def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: str | torch.device | None = None,
+                    dtype: str | torch.dtype | None = None, mask_token_id: int | None = None,
+                    eos_token_id: int | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a checkpoint folder; a clear error if the tokenizer is missing.
+
+    ``device``: ``cpu`` (default), ``cuda``, ``cuda:N``; ``dtype``: the weights' dtype (default
+    float32 on the CPU, bfloat16 on a GPU); see :mod:`dlm_toolkit.runtime`. ``mask_token_id`` /
+    ``eos_token_id`` override the special ids (default: config.json, else the tokenizer).
+    """
     from dlm_toolkit.models import load_model
     from dlm_toolkit.tokenizer import find_tokenizer
 
-    model = load_model(path)
+    dev = resolve_device(device)
+    model = load_model(path, dtype=resolve_dtype(dtype, dev), device=dev, mask_token_id=mask_token_id,
+                       eos_token_id=eos_token_id)
     tokenizer = find_tokenizer(path)
     if tokenizer is None and need_tokenizer:
         raise ConfigError(f"{path}: no tokenizer files (tokenizer.json) in the checkpoint; evaluation needs one")

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dlm_toolkit.config import ConfigError
 
@@ -24,7 +24,7 @@ TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 
 def register(sub: Any) -> None:
     """Add the sweep/eval subcommands to ``dlm``'s subparsers."""
-    from dlm_toolkit.cli import add_policy_args
+    from dlm_toolkit.cli import add_policy_args, add_runtime_args
 
     p = sub.add_parser("sweep", help="Optuna search of decoding policies (speed-quality Pareto front)",
                        description="Run (or resume) an Optuna study over the search space of an experiment "
@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
     p.add_argument("--study-name", required=True)
     p.add_argument("--trial", type=int, required=True, help="trial number")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add_runtime_args(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("eval", help="evaluate one policy on a task",
@@ -80,7 +80,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
     p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add_runtime_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
 
@@ -165,13 +165,10 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
 
 # -- replay ------------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads <= 0:
-        raise ConfigError(f"--threads: must be >= 1 (got {args.threads})")
-    if args.threads:
-        import torch
+    from dlm_toolkit.cli import load_for_args
 
-        torch.set_num_threads(args.threads)
-    out = replay(args.storage, args.study_name, args.trial)
+    out = replay(args.storage, args.study_name, args.trial, load=lambda path: load_for_args(args, path),
+                 threads=args.threads)
     if args.json:
         print(json.dumps(out))
     else:
@@ -186,8 +183,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0 if out["match"] else 1
 
 
-def replay(storage: str, study_name: str, number: int) -> dict[str, Any]:
-    """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics."""
+def replay(storage: str, study_name: str, number: int, load: Callable[[str], tuple[Any, Any]] | None = None,
+           threads: int | None = None) -> dict[str, Any]:
+    """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
+    ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
+    ``threads``: as :func:`~dlm_toolkit.evaluate.evaluate`'s."""
     from dlm_toolkit.config import load_policy
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.study import load_study
@@ -208,10 +208,10 @@ def replay(storage: str, study_name: str, number: int) -> dict[str, Any]:
     policy = load_policy(json.loads(policy_json))
     if policy.config_hash() != trial.user_attrs.get("policy_hash", policy.config_hash()):
         raise ConfigError(f"--trial {number}: stored policy does not match its stored hash")
-    model, tokenizer = load_checkpoint(settings["model"])
+    model, tokenizer = (load or load_checkpoint)(settings["model"])
     task = get_task(settings["task"], **(settings.get("task_args") or {}))
     result = evaluate(model, tokenizer, task, policy, settings["n"], settings["seed"],
-                      batch_size=settings["batch_size"], progress=False)
+                      batch_size=settings["batch_size"], progress=False, threads=threads)
     stored = trial.user_attrs.get("metrics") or {}
     metrics = {k: float(v) for k, v in result.metrics.items()}
     mismatches = [k for k in DETERMINISTIC_METRICS
@@ -233,8 +233,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
-    if args.threads is not None and args.threads <= 0:
-        raise ConfigError(f"--threads: must be >= 1 (got {args.threads})")
     task = get_task(args.task)
     policy = policy_from_args(args)
     if not Path(args.checkpoint).is_dir():
@@ -244,15 +242,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         check_sqlite_folder(args.tracking_uri, "--tracking-uri")
 
-    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.cli import load_for_args
+    from dlm_toolkit.evaluate import evaluate
 
-    model, tokenizer = load_checkpoint(args.checkpoint)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    model, tokenizer = load_for_args(args, args.checkpoint)
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, threads=args.threads)
     run_id = None
     if args.tracking_uri:
         from dlm_toolkit.sweep.tracking import log_eval_run

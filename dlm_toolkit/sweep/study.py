@@ -337,6 +337,8 @@ class TrialRunner:
         from dlm_toolkit.evaluate import evaluate
 
         self._check_surplus(trial)
+        import torch
+
         exp = self.exp
         preset = trial.user_attrs.get("preset")
         run: TrialRun | None = None
@@ -370,7 +372,8 @@ class TrialRunner:
                     self._maybe_prune(trial, n_done, running)
 
             result = evaluate(self.model, self.tokenizer, self.task, policy, exp.n, exp.seed,
-                              batch_size=exp.batch_size, progress=False, on_batch=on_batch)
+                              batch_size=exp.batch_size, progress=False, on_batch=on_batch,
+                              threads=torch.get_num_threads())  # run_sweep chose this process's share
             metrics = {k: float(v) for k, v in result.metrics.items()}
             trial.set_user_attr("metrics", metrics)
             run.log_records(result.records)

@@ -1,0 +1,100 @@
+"""Where and how to run: device, dtype and CPU threads, said the same way everywhere.
+
+The CLI (``--device/--dtype/--threads``), experiment YAMLs (``device:``, ``dtype:``,
+``threads:``) and the Python API (``load_checkpoint(..., device=, dtype=)``,
+``evaluate(..., threads=)``) all resolve through :func:`resolve_device`, :func:`resolve_dtype`
+and :func:`resolve_threads`, so a bad value gets the same one-line error from each.
+
+Defaults: the CPU in float32; on a CUDA device bfloat16 (the released LLaDA2 weights' dtype; the
+router, the softmax and the confidences stay float32 whatever the weights are). Threads: one per
+process for small CPU models (tiny models decode fastest on one thread, and on a busy machine two
+threads can be 50x slower), torch's own default for large ones.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from dlm_toolkit.config import ConfigError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a :class:`torch.device`) checked against this
+    machine; ``None`` means the CPU. Raises :class:`ConfigError` naming the value and what exists."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device: {device!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build of torch" if torch.version.cuda is None else "no visible GPU"
+            raise ConfigError(f"device: {device!r} asked for CUDA, but this machine has none ({build}, torch "
+                              f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device: {device!r} does not exist: this machine has {count} CUDA device(s), "
+                              f"cuda:0..cuda:{count - 1}")
+        return dev
+    raise ConfigError(f"device: {device!r} is not supported (use cpu, cuda or cuda:N)")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """A weight dtype by name (``float32``/``bfloat16``/``float16`` or fp32/bf16/fp16); ``None``
+    means float32 on the CPU and bfloat16 on a GPU."""
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+        raise ConfigError(f"dtype: {dtype} is not a weight dtype (allowed: float32, bfloat16, float16)")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r} (allowed: {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def resolve_threads(threads: int | None, *, small_model: bool) -> int | None:
+    """The intra-op thread count to use: ``threads`` if given (an integer >= 1), else 1 for a small
+    model and ``None`` (leave torch's default) for a large one."""
+    if threads is None:
+        return 1 if small_model else None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
+    return threads
+
+
+def apply_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` unless ``None``."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def threads_scope(threads: int | None) -> Iterator[None]:
+    """Run a block with ``threads`` intra-op threads (``None``: unchanged), restoring them after."""
+    before = torch.get_num_threads()
+    apply_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def is_small(model: object) -> bool:
+    """A model of at most ``SMALL_MODEL_NUMEL`` parameters (scripted models without any are small)."""
+    from dlm_toolkit.models.checkpoint import SMALL_MODEL_NUMEL
+
+    parameters = getattr(model, "parameters", None)
+    return (sum(p.numel() for p in parameters()) if callable(parameters) else 0) <= SMALL_MODEL_NUMEL
