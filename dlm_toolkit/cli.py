@@ -102,16 +102,21 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from dlm_toolkit.conformance import run_conformance
 
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.kv]
-    passed = failed = 0
+    passed = failed = decodes = values = traced = 0
     for check in run_conformance(args.folder, modes):
+        decodes += check.decode
+        values += check.values
+        traced += check.traced
         if check.passed:
             passed += 1
             if args.verbose:
-                print(f"ok   {check.name}")
+                print(f"ok   {check.name}" + (f" ({check.values} values, {check.traced} traced forwards)" * check.decode))
         else:
             failed += 1
             for f in check.failures:
                 print(f"FAIL {check.name}: {f}")
+    print(f"{passed + failed - decodes} logits checks, {decodes} decodes ({decodes // len(modes)} cases x "
+          f"{len(modes)} KV modes): {values} expected values and {traced} traced forwards compared")
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

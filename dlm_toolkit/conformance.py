@@ -1,5 +1,10 @@
 """Run a conformance fixture folder (format of ``conformance/llada2_tiny``) against our
-model and decode loop: a logits check plus every decode case, with the KV cache on and off."""
+model and decode loop: a logits check plus every decode case, with the KV cache on and off.
+
+Every value a case's ``expected`` block holds is compared, and so is its per-forward ``trace``
+(commits, edits, masked counts, the block after each forward). A key the runner does not know is
+a failure, never a skip: a fixture that pins down something we do not check must say so loudly.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +26,14 @@ LOGITS_TOLERANCE = 1e-4
 
 @dataclass
 class Check:
+    """One logits comparison or one decode case (in one KV mode): its failures, how many expected
+    values it compared and how many traced forwards (each compared field by field)."""
+
     name: str
     failures: list[str]
+    values: int = 0
+    traced: int = 0
+    decode: bool = False
 
     @property
     def passed(self) -> bool:
@@ -86,23 +97,29 @@ def observed(case: dict[str, Any], result: DecodeResult) -> dict[str, Any]:
     }
 
 
-def compare(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+def compare(case: dict[str, Any], got: dict[str, Any]) -> tuple[list[str], int, int]:
+    """``(failures, expected values compared, traced forwards compared)`` for a case."""
     problems = []
-    for key, want in expected.items():
+    for key, want in case["expected"].items():
         if key not in got:
-            continue  # a field this runner does not know: not ours to judge
-        if key == "trace":
-            problems += compare_trace(want, got["trace"])
+            problems.append(f"expected.{key}: not a quantity this runner knows how to check")
         elif got[key] != want:
             problems.append(f"{key}: expected {want}, got {got[key]}")
-    return problems
+    traced = case.get("trace", [])
+    if traced:
+        problems += compare_trace(traced, got["trace"])
+    return problems, len(case["expected"]), len(traced)
 
 
 def compare_trace(want: list[dict], got: list[dict]) -> list[str]:
+    """The first differing forward of a per-forward trace (every key of every entry compared)."""
     for i, (w, g) in enumerate(zip(want, got)):
-        diff = [k for k in w if k in g and w[k] != g[k]]
+        unknown = [k for k in w if k not in g]
+        if unknown:
+            return [f"trace[{i}]: keys {unknown} are not quantities this runner knows how to check"]
+        diff = [k for k in w if w[k] != g[k]]
         if diff:
-            return [f"trace[{i}] first differs in {', '.join(diff)}: expected {w}, got { {k: g[k] for k in w if k in g} }"]
+            return [f"trace[{i}] first differs in {', '.join(diff)}: expected {w}, got { {k: g[k] for k in w} }"]
     if len(want) != len(got):
         return [f"trace: expected {len(want)} forwards, got {len(got)}"]
     return []
@@ -126,9 +143,10 @@ def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, Fals
             try:
                 result = decode(model, [case["prompt_ids"]], case_policy(case), case["gen_length"], kv_cache=kv, record=True)
             except (ConfigError, ValueError) as err:
-                yield Check(name, [f"cannot run: {err}"])
+                yield Check(name, [f"cannot run: {err}"], decode=True)
                 continue
-            yield Check(name, compare(case["expected"], observed(case, result)))
+            failures, values, traced = compare(case, observed(case, result))
+            yield Check(name, failures, values, traced, decode=True)
 
 
 def check_logits(model: Any, folder: Path, fixture: dict[str, Any]) -> Iterator[Check]:

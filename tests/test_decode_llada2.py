@@ -63,9 +63,47 @@ def test_mbe_with_zero_blocks_is_semi_ar_and_costs_compute_otherwise():
 
 
 def test_conformance_command_passes_on_the_shared_fixtures(fixture_dir, capsys):
+    import json
+
     assert main(["conformance", str(fixture_dir)]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.endswith(" 0 failed") and int(last.split()[0]) >= 3
+    summary, last = capsys.readouterr().out.strip().splitlines()[-2:]
+    cases = json.loads((fixture_dir / "cases.json").read_text())["cases"]
+    values = sum(len(c["expected"]) for c in cases)
+    traced = sum(len(c["trace"]) for c in cases)
+    assert summary == (f"2 logits checks, {2 * len(cases)} decodes ({len(cases)} cases x 2 KV modes): "
+                       f"{2 * values} expected values and {2 * traced} traced forwards compared")
+    assert last == f"{2 + 2 * len(cases)} passed, 0 failed"
+
+
+def _fixture_copy(fixture_dir, tmp_path, edit):
+    import json
+    import shutil
+
+    copy = tmp_path / "fx"
+    shutil.copytree(fixture_dir, copy)
+    (copy / "cases.json").chmod(0o644)
+    spec = json.loads((copy / "cases.json").read_text())
+    edit(spec["cases"])
+    (copy / "cases.json").write_text(json.dumps(spec))
+    return copy
+
+
+def test_conformance_compares_the_per_forward_trace(fixture_dir, tmp_path, capsys):
+    def edit(cases):  # one traced forward of one case commits a different position
+        step = next(t for t in cases[3]["trace"] if len(t["m2t"]) > 1)
+        step["m2t"] = step["m2t"][:-1]
+
+    assert main(["conformance", str(_fixture_copy(fixture_dir, tmp_path, edit)), "--kv", "on"]) == 1
+    out = capsys.readouterr().out
+    assert "first differs in m2t" in out and out.strip().endswith("1 failed")
+
+
+def test_conformance_fails_on_an_expected_key_it_does_not_know(fixture_dir, tmp_path, capsys):
+    def edit(cases):
+        cases[0]["expected"]["tokens_per_joule"] = 3.0
+
+    assert main(["conformance", str(_fixture_copy(fixture_dir, tmp_path, edit)), "--kv", "on"]) == 1
+    assert "expected.tokens_per_joule: not a quantity this runner knows" in capsys.readouterr().out
 
 
 def test_conformance_detects_a_wrong_model(fixture_dir, tmp_path, capsys):
@@ -85,5 +123,6 @@ def test_conformance_detects_a_wrong_model(fixture_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL logits block_causal" in out
     n_cases = len(json.loads((broken / "cases.json").read_text())["cases"])
-    assert out.strip().splitlines()[-1].endswith(f"failed") and "0 failed" not in out.strip().splitlines()[-1]
-    assert int(out.strip().splitlines()[-1].split()[0]) + int(out.strip().splitlines()[-1].split()[2]) == n_cases + 2
+    last = out.strip().splitlines()[-1]
+    assert last.endswith("failed") and not last.endswith(" 0 failed")
+    assert int(last.split()[0]) + int(last.split()[2]) == n_cases + 2
