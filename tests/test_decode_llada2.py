@@ -1,6 +1,8 @@
 """Decoding the native LLaDA2 MoE: exact KV cache, batch invariance, multi-block editing."""
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +128,12 @@ def test_conformance_detects_a_wrong_model(fixture_dir, tmp_path, capsys):
     last = out.strip().splitlines()[-1]
     assert last.endswith("failed") and not last.endswith(" 0 failed")
     assert int(last.split()[0]) + int(last.split()[2]) == n_cases + 2
+
+
+def test_mask_conformance_cases_pass_with_exact_counts(capsys):
+    folder = Path(__file__).resolve().parents[1] / "conformance" / "llada2_mask"
+    assert main(["conformance", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "20 decodes (10 cases x 2 KV modes): 48 expected values and 446 traced forwards compared" in out
+    kinds = [c["exercises"][0] for c in json.loads((folder / "cases.json").read_text())["cases"]]
+    assert {k: kinds.count(k) for k in set(kinds)} == {"exact": 4, "mask_decides": 3, "mask_drawn": 3}

@@ -21,18 +21,21 @@ def tiny_llada2_config(**overrides: Any) -> LLaDA2Config:
     return LLaDA2Config(**(fields | overrides))
 
 
-def tiny_llada2(seed: int = 0, logit_scale: float = 30.0, **overrides: Any) -> LLaDA2MoeModelLM:
+def tiny_llada2(seed: int = 0, logit_scale: float = 30.0, keep_mask_row: bool = False, **overrides: Any) -> LLaDA2MoeModelLM:
     """A seeded random tiny model whose confidences spread over (0, 1) like a trained one's.
 
     The ``lm_head`` is scaled by ``logit_scale`` (a plain N(0, 0.02) init gives near-uniform
-    softmaxes, where every step is a fallback), the mask row is zeroed so the mask token is never
-    the argmax, and the expert bias is random so it changes routing.
+    softmaxes, where every step is a fallback) and the expert bias is random so it changes routing.
+    The mask row is zeroed (the mask token is then rarely the argmax, yet still takes its share of
+    every softmax) unless ``keep_mask_row``: then it is a random row like any other, so the mask
+    token is sometimes the argmax, as in a degenerate model.
     """
     model = LLaDA2MoeModelLM(tiny_llada2_config(**overrides)).init_weights(seed)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
-        model.lm_head.weight[model.mask_token_id].zero_()
+        if not keep_mask_row:
+            model.lm_head.weight[model.mask_token_id].zero_()
         for name, p in model.named_parameters():
             if name.endswith("expert_bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
