@@ -204,6 +204,11 @@ class _Unbounded(UnmaskRule):
         return top1(ctx.confidence, ctx.fillable)
 
 
+class _CachedSeeLater(BLOCKS.get("semi_ar")):  # one group for all: cached positions would see later ones
+    def attention_groups(self, state, rows, positions):
+        return torch.zeros_like(positions)
+
+
 def _suite(base, rule_cls):
     return type("Suite", (base,), {"rule_factory": rule_cls, "n_cases": 30})()
 
@@ -221,6 +226,7 @@ def _suite(base, rule_cls):
         (EditRuleContract, _SelectsPadding, "test_selection_contract_on_random_contexts"),
         (EditRuleContract, _EditsMasks, "test_selection_contract_on_random_contexts"),
         (RemaskRuleContract, _GreedyRemask, "test_selection_contract_on_random_contexts"),
+        (BlockScheduleContract, _CachedSeeLater, "test_kv_cache_matches_recompute"),
     ],
 )
 def test_suites_reject_broken_rules(base, rule_cls, test):

@@ -482,7 +482,8 @@ class BlockScheduleContract(_StrategyContract):
     the first generated position, the last one reaches ``prompt + gen_length``); end-to-end
     decodes (block-causal and full attention, with T2T edits and low-confidence remasking in the
     policy) finish with no mask, keep the prompt, stay within ``max_forwards_per_block`` (the
-    engine raises otherwise) and give each batch row what decoding it alone gives.
+    engine raises otherwise) and give each batch row what decoding it alone gives; on a real
+    LLaDA2 model the KV-cache path gives what recomputing the prefix gives.
     The subclass's configs should use small blocks (the default block length is a good start).
     """
 
@@ -513,6 +514,23 @@ class BlockScheduleContract(_StrategyContract):
     def test_max_forwards_per_block_is_positive(self):
         for rule in self.rules():
             assert int(rule.max_forwards_per_block()) >= 1
+
+    def test_kv_cache_matches_recompute(self):
+        """On a real LLaDA2 model (block-causal, with a KV cache) the decode with the cache equals
+        the decode that recomputes the prefix every forward: a cache boundary that lets a position
+        enter the cache before it is final, or attention groups that let a cached position see
+        a later one, change tokens or forward counts here."""
+        from dlm_toolkit.testing.models import tiny_llada2
+
+        model = tiny_llada2(5)
+        for n, rule in enumerate(self.rules()):
+            rng = random.Random(n)
+            prompts = [[rng.randrange(0, 60) for _ in range(rng.randint(1, 9))] for _ in range(2)]
+            policy, gen = self.policy_for(rule), 3 * rule.block_length  # several blocks: the cache fills
+            on = decode(model, prompts, policy, gen, kv_cache=True, seed=n)
+            off = decode(model, prompts, policy, gen, kv_cache=False, seed=n)
+            assert on.tokens == off.tokens, f"{rule!r}: tokens with the KV cache differ from recomputing"
+            assert [r.nfe for r in on.rows] == [r.nfe for r in off.rows], f"{rule!r}: NFE with the KV cache differs"
 
     def test_decode_full_attention(self):
         for n, rule in enumerate(self.rules()):
