@@ -140,6 +140,9 @@ class TrainConfig(BaseModel):
     init_from: str | None = Field(None, description="checkpoint folder to start from (continued training); "
                                                     "its architecture must equal the model fields above")
     threads: int = Field(1, ge=0, le=256, description="torch.set_num_threads; 0 leaves it alone")
+    device: str = Field("cpu", min_length=1, description="cpu, cuda or cuda:N (checked against this machine)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="compute dtype: bfloat16 runs forwards under autocast (weights and optimiser stay float32)")
 
     # -- evaluation, logging, saving
     eval_interval: int = Field(500, ge=0, le=10_000_000, description="steps between quick evals; 0 = only at the end")
@@ -446,6 +449,9 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
 
     if not isinstance(config, TrainConfig):
         config = load_train_config(config)
+    from dlm_toolkit.runtime import resolve_device
+
+    device = resolve_device(config.device)  # before anything is written: a bad device loses nothing
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
@@ -456,8 +462,9 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
 
     tokenizer = build_char_tokenizer()
     mask_id, eos_id = special_ids(tokenizer)
-    model = build_model(config, tokenizer)
+    model = build_model(config, tokenizer).to(device)
     opt = make_optimizer(model, config)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
     names = list(config.tasks)
     weights = [config.tasks[n] for n in names]
     tasks = {n: config.task(n) for n in names}
@@ -494,12 +501,14 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
                                 config.batch_tokens // _row_tokens(longest[name], task.answer_length, B)))
             rows = _task_rows(task, tokenizer, n_rows, seed=config.seed * 1_000_003 + step)
             batch = make_batch(rows, task.answer_length, B, mask_id, eos_id, config, cands[name], gen)
+            batch = Batch({k: v.to(device) for k, v in batch.items()})  # noise drawn on the CPU: same on any device
 
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, config)
-            logits, trace = model.forward_window(batch.input_ids, batch.position_ids, batch.attn_mask,
-                                                 return_intermediates=True)
-            loss, stats = loss_fn(logits, batch, config)
+            with autocast:
+                logits, trace = model.forward_window(batch.input_ids, batch.position_ids, batch.attn_mask,
+                                                     return_intermediates=True)
+            loss, stats = loss_fn(logits.float(), batch, config)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:

@@ -1,4 +1,4 @@
-"""``dlm train CONFIG.yaml --out DIR [--tracking-uri URI] [--set key=value ...]``.
+"""``dlm train CONFIG.yaml --out DIR [--tracking-uri URI] [--set key=value ...] [--device D --dtype T --threads N]``.
 
 Wire into the main parser with ``register(subparsers)``; bad configs raise
 :class:`~dlm_toolkit.config.ConfigError` (the CLI exits 2 with the message).
@@ -12,9 +12,14 @@ import json
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dlm_toolkit.cli import parse_sets
+    from dlm_toolkit.runtime import resolve_threads
     from dlm_toolkit.training import load_train_config, train
 
-    config = load_train_config(args.config, parse_sets(args.set))
+    overrides = parse_sets(args.set)
+    if args.threads is not None:
+        overrides["threads"] = resolve_threads(args.threads, small_model=True)
+    overrides |= {k: getattr(args, k) for k in ("device", "dtype") if getattr(args, k) is not None}
+    config = load_train_config(args.config, overrides)
     out = train(config, args.out, tracking_uri=args.tracking_uri, progress=not args.no_progress)
     info = json.loads((out / "training.json").read_text())
     print(f"saved {out}  steps {info['steps']}  wall {info['wall_time_s']:.0f} s  "
@@ -33,5 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field (flat key, e.g. steps=100 or tasks.add=0.5); repeatable")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("where and how to run (override the config's device, dtype, threads)")
+    g.add_argument("--device", help="cpu (default), cuda or cuda:N")
+    g.add_argument("--dtype", help="compute dtype: float32 (default) or bfloat16 (autocast; weights stay float32)")
+    g.add_argument("--threads", type=int, help="intra-op CPU threads (default: the config's, 1)")
     p.set_defaults(func=cmd_train)
     return p

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -295,3 +296,18 @@ def test_init_from_continues_training_and_checks_the_architecture(trained, tmp_p
         train(wider, tmp_path / "bad", progress=False)
     with pytest.raises(ConfigError, match="init_from"):
         train(cont.model_copy(update={"init_from": str(tmp_path / "missing")}), tmp_path / "bad2", progress=False)
+
+
+def test_runtime_flags_reach_the_training_run(tmp_path, capsys):
+    (tmp_path / "cfg.yaml").write_text("\n".join(f"{k}: {v}" for k, v in TINY.items()) + "\ntasks: {add: 1.0}\n")
+    base = ["train", str(tmp_path / "cfg.yaml"), "--no-progress", "--set", "steps=3", "--set", "eval_n=0",
+            "--set", "batch_tokens=128"]
+    for bad, field in ((["--device", "cuda:0"], "device"), (["--threads", "0"], "threads"), (["--dtype", "fp8"], "dtype")):
+        out = tmp_path / f"bad-{field}"
+        assert cli_main([*base, "--out", str(out), *bad]) == 2
+        assert field in capsys.readouterr().err
+        assert not out.exists(), f"a bad --{field} must write nothing"
+    assert cli_main([*base, "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16", "--threads", "1"]) == 0
+    info = json.loads((tmp_path / "bf16" / "training.json").read_text())
+    assert info["config"]["dtype"] == "bfloat16" and info["config"]["threads"] == 1
+    assert math.isfinite(info["final_loss_smoothed"])
