@@ -102,10 +102,14 @@ class MaskArgmax:
         return logits
 
 
+def _builtin(registry) -> list[str]:
+    return [e.name for e in registry.entries() if e.source == "built-in"]  # not rules other tests register
+
+
 def _policies() -> list[tuple[str, dict[str, Any]]]:
     base = {"blocks": {"name": "semi_ar", "params": {"block_length": 8, "max_post_steps": 4, "eos_early_stop": True}}}
-    out = [(f"m2t={name}", base | {"m2t": {"name": name}}) for name in M2T.names()]
-    out += [(f"t2t={name}", base | {"m2t": {"name": "threshold"}, "t2t": {"name": name}}) for name in T2T.names()]
+    out = [(f"m2t={name}", base | {"m2t": {"name": name}}) for name in _builtin(M2T)]
+    out += [(f"t2t={name}", base | {"m2t": {"name": "threshold"}, "t2t": {"name": name}}) for name in _builtin(T2T)]
     out += [(f"remask={name}", base | {"m2t": {"name": "threshold"}, "t2t": {"name": "threshold"}, "remask": {"name": name}})
             for name in REMASK.names()]
     return out
