@@ -1,8 +1,9 @@
 """Blocks ``multi_block_edit`` (MBE): T2T edits reach up to ``edit_blocks`` previous blocks.
 
-Paper: LLaDA2.1 (arXiv 2602.08676) multi-block editing; no public code, so this is our design
-(DESIGN.md §2): each forward covers the active block plus up to ``edit_blocks`` finished blocks
-before it, and T2T may edit any written, non-prompt position of the window.
+Paper: LLaDA2.1 (arXiv 2602.08676) multi-block editing; no public code, so this is our design on
+top of the reference loop (transcribed in ``conformance/reference.py``): each forward covers the
+active block plus up to ``edit_blocks`` finished blocks before it, and T2T may edit any written,
+non-prompt position of the window.
 
 Attention (``attention_groups``): the whole window is one group, so every window position sees
 every other one (earlier blocks see the new one); before the window attention is block-causal

@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "conformance" / "llada2_tiny"
+sys.path.insert(0, str(REPO))  # conformance/reference.py: the reference transcription tests compare against
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The decode engine against an independent transcription of the reference loop (DESIGN.md §2),
-plus invariants, batch invariance and bad input, on scripted models."""
+"""The decode engine against an independent transcription of the reference loop
+(``conformance/reference.py``), plus invariants, batch invariance and bad input, on scripted models."""
 
 import math
 import random
@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from conformance.reference import reference_decode
 from dlm_toolkit import M2T, ConfigError, DecodingPolicy, StrategyError, UnmaskRule, decode
 from dlm_toolkit.testing import ScriptedLM, mixing_logits
 
@@ -23,47 +24,6 @@ def mask_never_argmax(fn, gap=0.5):
         return logits
 
     return wrapped
-
-
-def reference_decode(fn, prompt, gen_length, B, tau_mask, tau_edit, max_post, eos_stop):
-    """DESIGN.md §2, line by line, recompute-everything, batch 1 (softmax over the whole vocabulary,
-    mask token included, as the reference does)."""
-    P = len(prompt)
-    nb = math.ceil((P + gen_length) / B)
-    L = nb * B
-    x = torch.tensor(prompt + [MASK] * (L - P))
-    nfe = 0
-    for b in range(P // B, nb):
-        lo, hi = b * B, (b + 1) * B
-        is_prompt = torch.arange(lo, hi) < P
-        post = 0
-        while True:
-            old = x[lo:hi].clone()
-            m = old == MASK
-            if not m.any():
-                post += 1
-            if post > max_post:
-                break
-            blk = torch.arange(hi) // B
-            attn = (blk[None, :] <= blk[:, None])[None]
-            logits = fn(x[None, :hi], torch.arange(hi)[None], attn)[0, lo:hi]
-            nfe += 1
-            p, v = torch.softmax(logits, -1).max(-1)
-            commit = m & (p > tau_mask)
-            if commit.sum() < 1 and m.any():
-                commit = torch.zeros_like(m)
-                commit[torch.where(m, p, -1.0).argmax()] = True
-            edit = ~m & ~is_prompt & (p > tau_edit) & (v != old)
-            x[lo:hi] = torch.where(commit | edit, v, old)
-            if not m.any() and not edit.any():
-                break
-        gen = x[P:hi]
-        if eos_stop and not (gen == MASK).any() and (gen == EOS).any():
-            break
-    out = x[P : P + gen_length].tolist()
-    if EOS in out:
-        out = out[: out.index(EOS) + 1]
-    return out, nfe
 
 
 def policy(B, tau_mask, tau_edit, max_post, eos_stop):
@@ -91,9 +51,11 @@ def test_engine_matches_reference_transcription(seed):
     )
     prompt = [rng.randrange(0, EOS) for _ in range(rng.randint(1, 11))]
     gen_length = rng.randint(1, 30)
-    want, want_nfe = reference_decode(fn, prompt, gen_length, **args)
+    want = reference_decode(fn, prompt, gen_length, block_length=args["B"], threshold=args["tau_mask"],
+                            editing_threshold=args["tau_edit"], max_post_steps=args["max_post"],
+                            eos_early_stop=args["eos_stop"], mask_id=MASK, eos_id=EOS)
     got = decode(model, [prompt], policy(**args), gen_length)
-    assert got.tokens[0] == want and got.rows[0].nfe == want_nfe, args
+    assert got.tokens[0] == want["output_ids"] and got.rows[0].nfe == want["nfe"], args
 
 
 def test_batch_rows_equal_single_decodes():

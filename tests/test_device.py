@@ -1,5 +1,5 @@
 """Full scale on one machine: the engine on any device and dtype, host syncs per step, and the
-``--device/--dtype/--threads`` settings (DESIGN.md §3b)."""
+``--device/--dtype/--threads`` settings (``dlm_toolkit/runtime.py``)."""
 
 import json
 import random

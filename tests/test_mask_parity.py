@@ -10,8 +10,6 @@ argmax (the reference would write it and loop forever; the engine writes the bes
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +21,7 @@ from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.registry import M2T, REMASK, T2T
 from dlm_toolkit.testing.models import tiny_llada2
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conformance.reference import MaskDrawn, reference_decode  # noqa: E402
+from conformance.reference import MaskDrawn, reference_decode
 
 MASK, EOS = 63, 62
 # (threshold, editing_threshold or None for editing off, max_post_steps): the Q, S and 2.0 presets

@@ -3,7 +3,7 @@
 A diffusion LM here is anything that maps a window of tokens (with absolute positions and a
 boolean attention pattern) to logits for every window position. The decode engine builds the
 attention pattern; models only apply it. Block-causal models may also keep an exact prefix KV
-cache of finished blocks (see DESIGN.md §2): the engine decides which window positions are
+cache of finished blocks: the engine decides which window positions are
 written into the cache, the model stores their keys/values at their absolute positions.
 """
 
