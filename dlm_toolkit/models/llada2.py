@@ -536,7 +536,9 @@ class LLaDA2MoeModelLM(nn.Module):
         super().__init__()
         problems = shard_problems(config, tp.world)
         if problems:
-            raise ValueError(f"cannot split the model over {tp.world} ranks: " + "; ".join(problems))
+            fits = [w for w in range(1, 65) if not shard_problems(config, w)]
+            raise ValueError(f"cannot split the model over {tp.world} ranks: " + "; ".join(problems)
+                             + f" (world sizes up to 64 that fit this model: {', '.join(map(str, fits))})")
         self.config = config
         self.dtype = dtype
         self.tp = tp
