@@ -11,7 +11,7 @@ from safetensors import safe_open
 from test_device import HostSyncs
 
 from dlm_toolkit.models import LLaDA2MoeModelLM, load_model, save_model
-from dlm_toolkit.models.llada2 import Experts, grouped_mm_supported
+from dlm_toolkit.models.llada2 import Experts, combine_pairs, grouped_mm_supported
 from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
 
 FIXTURE = Path(__file__).resolve().parents[1] / "conformance/llada2_tiny"
@@ -117,6 +117,17 @@ def test_grouped_path_is_three_grouped_gemms_without_host_sync(monkeypatch):
     with torch.no_grad(), HostSyncs() as syncs:
         moe.experts(x, idx, weight, "reference")
     assert len(calls) == 3 and syncs.count > 0  # the reference reads the counts on the host
+
+
+def test_both_combine_orders_sum_each_tokens_pairs():
+    N, K, H = 7, 3, 5
+    out = torch.randn(N * K, H, dtype=torch.float64)
+    order = torch.randperm(N * K, generator=torch.Generator().manual_seed(0))
+    expected = torch.zeros(N, H, dtype=torch.float64)
+    for row, pair in enumerate(order.tolist()):
+        expected[pair // K] += out[row]
+    for fixed in (True, False):
+        assert torch.allclose(combine_pairs(out, order, K, fixed_order=fixed), expected)
 
 
 def test_grouped_kernel_support_by_device():

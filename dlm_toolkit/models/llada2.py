@@ -409,8 +409,7 @@ class Experts(nn.Module):
         out = out * weight.flatten()[order, None].to(x.dtype)
         if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
             out = torch.where(mine.flatten()[order, None], out, 0.0)
-        # Back to (token, k) order and a fixed-order sum over k: deterministic on every device.
-        return out.new_empty(N * K, H).index_copy_(0, order, out).view(N, K, H).sum(1)
+        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu")
 
     def _reference(self, x, idx, weight) -> torch.Tensor:
         """The per-expert path the grouped one is tested against: sort pairs by expert, then one
@@ -430,6 +429,19 @@ class Experts(nn.Module):
                 y.index_add_(0, pairs // K, F.linear(h, self.down_proj[e]) * weight.flatten()[pairs, None].to(x.dtype))
             start += n
         return y
+
+
+def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool) -> torch.Tensor:
+    """Sum the expert outputs ``out`` (N*K, H) of the pairs ``order`` (sorted pair ids) per token.
+
+    ``fixed_order``: gather back to (token, k) order and sum over k, the same bits on every run
+    (a GPU's ``index_add_`` adds with atomics in any order); else ``index_add_`` in place (on a
+    CPU it is deterministic and avoids a large fresh buffer, whose page faults cost more than
+    the sum)."""
+    N, H = out.shape[0] // K, out.shape[1]
+    if fixed_order:
+        return out[order.argsort()].view(N, K, H).sum(1)
+    return out.new_zeros(N, H).index_add_(0, order // K, out)
 
 
 def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
