@@ -2,17 +2,13 @@
 give exactly the single-process tokens and NFE; each rank's shard sums to the whole model."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import tp_worker
+from tp_worker import DLM, TORCHRUN, run_bounded
 
-from dlm_toolkit.cli import main
 from dlm_toolkit.distributed import init_from_env, is_main_process
 from dlm_toolkit.models import LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 from dlm_toolkit.models.llada2 import rope_cos_sin
@@ -20,22 +16,6 @@ from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "conformance/llada2_tiny"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-DLM = str(Path(sys.executable).parent / "dlm")
-
-
-def run_bounded(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a launcher and its ranks in their own session; on timeout kill the whole group."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +28,7 @@ def random_checkpoint(tmp_path_factory) -> Path:
 
 
 def test_two_gloo_ranks_decode_exactly_like_one_process(random_checkpoint, tmp_path):
-    proc = run_bounded([*TORCHRUN, "--nproc-per-node", "2", str(REPO / "tests/tp_worker.py"),
+    proc = run_bounded([*TORCHRUN, "--standalone", "--nproc-per-node", "2", str(REPO / "tests/tp_worker.py"),
                         str(random_checkpoint), str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -60,21 +40,8 @@ def test_two_gloo_ranks_decode_exactly_like_one_process(random_checkpoint, tmp_p
     assert ranks[0]["failures"] == []  # and the fixture's logits, expected values and traces
 
 
-def test_torchrun_dlm_decode_prints_once_the_single_process_result(random_checkpoint, capsys):
-    args = ["decode", "--checkpoint", str(random_checkpoint), "--prompt-ids", "5,9,2,7", "--gen-length", "12",
-            "--set", "blocks.params.block_length=4", "--seed", "1", "--json"]
-    assert main(args) == 0
-    single = json.loads(capsys.readouterr().out)
-    proc = run_bounded([*TORCHRUN, "--nproc-per-node", "2", "--no-python", DLM, *args])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1  # rank 1 is quiet
-    both = json.loads(lines[0])
-    assert (both["tokens"], both["nfe"]) == (single["tokens"], single["nfe"])
-
-
 def test_world_size_that_does_not_divide_the_model_fails_on_every_rank():
-    proc = run_bounded([*TORCHRUN, "--nproc-per-node", "3", "--no-python", DLM, "decode", "--checkpoint",
+    proc = run_bounded([*TORCHRUN, "--standalone", "--nproc-per-node", "3", "--no-python", DLM, "decode", "--checkpoint",
                         str(FIXTURE), "--prompt-ids", "1,2", "--gen-length", "8", "--mask-id", "127", "--eos-id", "126"])
     assert proc.returncode != 0 and proc.stdout == ""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]

@@ -7,6 +7,9 @@ Run: ``torchrun --standalone --nproc-per-node 2 tests/tp_worker.py RANDOM_CKPT O
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,13 +20,31 @@ from dlm_toolkit.conformance import case_policy, check_logits, compare, observed
 from dlm_toolkit.distributed import init_from_env
 from dlm_toolkit.models import TensorParallel, load_model
 
-FIXTURE = Path(__file__).resolve().parents[1] / "conformance/llada2_tiny"
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "conformance/llada2_tiny"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+DLM = str(Path(sys.executable).parent / "dlm")
 PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 11], [12]]
 POLICIES = {
     "q": DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4}),
     "s": DecodingPolicy("llada2.1-s", **{"blocks.params.block_length": 4}),
     "sampled": DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "sampling.temperature": 0.8}),
 }
+
+
+def run_bounded(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a launcher and its ranks in their own session from the repository root, one thread
+    each; on timeout kill the whole process group."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def run(random_checkpoint: str | Path, tp: TensorParallel | None = None) -> dict:
