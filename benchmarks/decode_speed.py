@@ -1,4 +1,5 @@
-"""Decode-loop speed: exact prefix KV cache vs recomputing the prefix, engine overhead, MoE path.
+"""Decode-loop speed: exact prefix KV cache vs recomputing the prefix, engine overhead, and the
+grouped-GEMM MoE next to the reference per-expert MoE (the same decode with each).
 
 Run: ``python benchmarks/decode_speed.py [--json]``. Model: a random LLaDA2 MoE at small size
 (hidden 256, 4 layers, 16 experts top-4, groups 4/2), lm_head scaled so confidences spread like a
@@ -39,7 +40,14 @@ def decode_speed(gen_length: int = 512, block: int = 32, repeats: int = 3, seed:
     decode(model, prompt, policy, 64)  # warm-up
     cached = best_of(repeats, lambda: decode(model, prompt, policy, gen_length, kv_cache=True))
     plain = best_of(repeats, lambda: decode(model, prompt, policy, gen_length, kv_cache=False))
+    model.set_moe_impl("reference")
+    reference = best_of(repeats, lambda: decode(model, prompt, policy, gen_length, kv_cache=True))
+    model.set_moe_impl("grouped")
     return {
+        "moe_grouped_s": cached.wall_time,
+        "moe_reference_s": reference.wall_time,
+        "moe_decode_speedup": reference.wall_time / cached.wall_time,
+        "moe_tokens_identical": reference.tokens == cached.tokens and reference.rows[0].nfe == cached.rows[0].nfe,
         "gen_length": gen_length,
         "block_length": block,
         "nfe": cached.rows[0].nfe,
@@ -59,9 +67,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    torch.set_num_threads(1)
     result = decode_speed(repeats=args.repeats)
-    moe = moe_speedup(repeats=args.repeats)
-    result["moe_speedup"] = moe["speedup"]
+    moe = [moe_speedup(tokens=n, repeats=args.repeats) for n in (32, 2048)]
+    result["moe_layer_speedup_32_tokens"] = moe[0]["speedup"]
+    result["moe_layer_speedup_2048_tokens"] = moe[1]["speedup"]
     result["moe"] = moe
     if args.json:
         print(json.dumps(result))

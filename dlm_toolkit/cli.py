@@ -48,14 +48,16 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = True, **ids: int | None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of checkpoint ``path`` on ``--device`` in ``--dtype``, with ``--threads``
-    applied; ``ids``: ``mask_token_id``/``eos_token_id`` overrides."""
+    applied; ``ids``: ``mask_token_id``/``eos_token_id`` overrides. Under ``torchrun`` each rank
+    loads its shard of the model and only rank 0 prints (see :mod:`dlm_toolkit.distributed`)."""
+    from dlm_toolkit.distributed import init_from_env
     from dlm_toolkit.evaluate import load_checkpoint
-    from dlm_toolkit.runtime import apply_threads, is_small, resolve_device, resolve_dtype, resolve_threads
+    from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
     resolve_threads(args.threads, small_model=True)  # a bad value fails before the model loads
-    model, tokenizer = load_checkpoint(path, need_tokenizer, device=device, dtype=dtype, **ids)
+    tp, device = init_from_env(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    model, tokenizer = load_checkpoint(path, need_tokenizer, device=device, dtype=dtype, tp=tp, **ids)
     apply_threads(resolve_threads(args.threads, small_model=is_small(model)))
     return model, tokenizer
 

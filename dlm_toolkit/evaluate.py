@@ -13,6 +13,7 @@ from tqdm import tqdm
 from dlm_toolkit.config import ConfigError, PolicyConfig
 from dlm_toolkit.decode import decode
 from dlm_toolkit.models.base import DiffusionLM
+from dlm_toolkit.models.llada2 import TensorParallel
 from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.runtime import is_small, resolve_device, resolve_dtype, resolve_threads, threads_scope
 from dlm_toolkit.state import row_seed
@@ -142,19 +143,21 @@ def check_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task:
 
 def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: str | torch.device | None = None,
                     dtype: str | torch.dtype | None = None, mask_token_id: int | None = None,
-                    eos_token_id: int | None = None) -> tuple[Any, Any]:
+                    eos_token_id: int | None = None, tp: TensorParallel | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` from a checkpoint folder; a clear error if the tokenizer is missing.
 
     ``device``: ``cpu`` (default), ``cuda``, ``cuda:N``; ``dtype``: the weights' dtype (default
     float32 on the CPU, bfloat16 on a GPU); see :mod:`dlm_toolkit.runtime`. ``mask_token_id`` /
     ``eos_token_id`` override the special ids (default: config.json, else the tokenizer).
+    ``tp``: a :class:`~dlm_toolkit.models.llada2.TensorParallel` rank to load only its shard
+    (what :func:`dlm_toolkit.distributed.init_from_env` returns under ``torchrun``).
     """
     from dlm_toolkit.models import load_model
     from dlm_toolkit.tokenizer import find_tokenizer
 
     dev = resolve_device(device)
     model = load_model(path, dtype=resolve_dtype(dtype, dev), device=dev, mask_token_id=mask_token_id,
-                       eos_token_id=eos_token_id)
+                       eos_token_id=eos_token_id, tp=tp)
     tokenizer = find_tokenizer(path)
     if tokenizer is None and need_tokenizer:
         raise ConfigError(f"{path}: no tokenizer files (tokenizer.json) in the checkpoint; evaluation needs one")

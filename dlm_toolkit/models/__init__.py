@@ -2,7 +2,7 @@
 
 from .base import DiffusionLM
 from .checkpoint import CheckpointError, load_model, save_model
-from .llada2 import KVCache, LLaDA2Config, LLaDA2MoeModelLM
+from .llada2 import KVCache, LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
 
 __all__ = [
     "CheckpointError",
@@ -10,6 +10,7 @@ __all__ = [
     "KVCache",
     "LLaDA2Config",
     "LLaDA2MoeModelLM",
+    "TensorParallel",
     "load_model",
     "save_model",
 ]

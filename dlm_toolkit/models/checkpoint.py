@@ -10,9 +10,13 @@ then read one at a time and assigned into the module. Peak RAM is therefore abou
 plus one tensor. For the released models (DESIGN.md §3 configs, router weights kept in float32):
 
 * LLaDA2 mini: 16.26B parameters (1.43B active per token) -> ~32.5 GB in bfloat16, one GPU.
-* LLaDA2 flash: 102.9B parameters (6.15B active) -> ~206 GB in bfloat16. That is multi-GPU
-  (tensor-parallel) territory; this loader puts the whole model on one device, so it only works
-  on a machine with that much memory.
+* LLaDA2 flash: 102.9B parameters (6.15B active) -> ~206 GB in bfloat16: several GPUs. Pass
+  ``tp=TensorParallel(rank, world)`` (what ``dlm_toolkit.distributed.init_from_env`` returns under
+  ``torchrun``) and each rank builds only its shard and reads only its slices of each tensor
+  (safetensors ``get_slice``), so its peak memory is about its shard (table in benchmarks/README.md).
+
+Routed experts are stored stacked in the model; the per-expert checkpoint keys are views into the
+stacks (``state_dict()``), so reading a key writes straight into its expert's slot.
 
 Saving holds one shard's bytes in addition to the model (pass ``max_shard_bytes`` to bound it).
 """
@@ -31,7 +35,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .llada2 import LLaDA2Config, LLaDA2MoeModelLM
+from .llada2 import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -140,13 +144,17 @@ def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               mask_token_id: int | None = None, eos_token_id: int | None = None) -> LLaDA2MoeModelLM:
+               mask_token_id: int | None = None, eos_token_id: int | None = None,
+               tp: TensorParallel | None = None) -> LLaDA2MoeModelLM:
     """Load an official-format LLaDA2 MoE checkpoint folder into a :class:`LLaDA2MoeModelLM`.
 
     Weights are converted to ``dtype`` (the router stays float32) and placed on ``device``.
     Special ids come from the keyword arguments, else config.json, else the folder's tokenizer.
+    ``tp``: load only this rank's shard of a tensor/expert-parallel model (every rank checks the
+    whole checkpoint's keys and shapes, then reads only its own slices).
     Raises :class:`CheckpointError` for any problem with the folder, before reading tensor data.
     """
+    tp = tp or TensorParallel()
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
@@ -163,9 +171,14 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     # file. A small one is built in place: its init costs milliseconds, while the first meta
     # tensor of a process imports torch._dynamo (~0.8 s), which every sweep worker would pay.
     numel = sum(math.prod(shape) for _, shape in stored.values())
-    with torch.device("meta" if numel > SMALL_MODEL_NUMEL else "cpu"):
-        model = LLaDA2MoeModelLM(config, dtype=dtype, mask_token_id=mask, eos_token_id=eos)
-    expected = model.state_dict()
+    on_meta = numel > SMALL_MODEL_NUMEL
+    with torch.device("meta" if on_meta else device):
+        model = LLaDA2MoeModelLM(config, dtype=dtype, mask_token_id=mask, eos_token_id=eos, tp=tp)
+    if tp.world > 1:  # the checkpoint is checked against the whole model's names and shapes
+        with torch.device("meta"):
+            expected = LLaDA2MoeModelLM(config, dtype=dtype, mask_token_id=mask, eos_token_id=eos).state_dict()
+    else:
+        expected = model.state_dict()
     missing = [k for k in expected if k not in stored]
     unexpected = [k for k in stored if k not in expected]
     wrong = [f"{k} expected {tuple(t.shape)} found {stored[k][1]} ({stored[k][0].name})"
@@ -175,18 +188,19 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match the config: " + "; ".join(problems))
 
+    if on_meta:
+        model.to_empty(device=device)
+    local = model.state_dict()  # views of the parameters (per-expert keys: slots of the stacks)
     by_file: dict[Path, list[str]] = {}
     for key, (file, _) in stored.items():
-        by_file.setdefault(file, []).append(key)
+        if key in local:
+            by_file.setdefault(file, []).append(key)
     for file, keys in by_file.items():
         with safe_open(file, framework="pt") as f:
             for key in keys:
-                tensor = f.get_tensor(key).to(device=device, dtype=expected[key].dtype)
-                module_name, _, name = key.rpartition(".")
-                module = model.get_submodule(module_name)
-                if isinstance(old := getattr(module, name), torch.nn.Parameter):
-                    tensor = torch.nn.Parameter(tensor, requires_grad=old.requires_grad)
-                setattr(module, name, tensor)  # replaces the meta tensor; buffers stay buffers
+                pieces = [f.get_slice(key)[index] if index else f.get_tensor(key)
+                          for index in model.checkpoint_slices(key)]
+                local[key].copy_(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
     return model
 
 
@@ -214,6 +228,9 @@ def save_model(model: LLaDA2MoeModelLM, path: str | os.PathLike, max_shard_bytes
     """
     if max_shard_bytes is not None and max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    if model.tp.world > 1:
+        raise ValueError("save_model: this model is one rank's shard of a tensor-parallel model; save a "
+                         "single-process model instead")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}

@@ -1,9 +1,16 @@
 """LLaDA2 MoE (``model_type: llada2_moe``), the native block-diffusion model, in one file.
 
-Read top to bottom: config, norms and RoPE, attention (with the prefix KV cache), the dense
-SwiGLU MLP, the MoE layer (router + experts grouped by expert), the decoder layer and the model.
-Parameter names follow the official checkpoints exactly, so ``state_dict()`` keys are the keys of
-the released ``model.safetensors`` files (see DESIGN.md §3 and the conformance README).
+Read top to bottom: config, tensor parallelism, norms and RoPE, attention (with the prefix KV
+cache), the dense SwiGLU MLP, the MoE layer (router + stacked experts run by one grouped GEMM per
+projection), the decoder layer and the model. ``state_dict()`` keys are the keys of the released
+``model.safetensors`` files, per-expert names included (the stacked expert weights are split into
+``experts.{e}.{gate,up,down}_proj.weight`` views on the way out and stacked on the way in), see
+DESIGN.md §3 and the conformance README.
+
+Several devices (DESIGN.md §3b): built with a :class:`TensorParallel` of ``world`` ranks, each
+module holds only its rank's part (attention heads, dense/shared MLP columns then rows, a range of
+routed experts) and the decoder layer all-reduces once after attention and once after the MLP/MoE.
+Every rank then holds the same hidden states and logits, bit for bit.
 
 Shapes: B batch, T window length, S cached prefix length, H hidden, nq/nkv query/KV heads,
 D head_dim, R rotary dims, E experts, K experts per token, N tokens (B*T), V vocab.
@@ -12,7 +19,7 @@ D head_dim, R rotary dims, E experts, K experts per token, N tokens (B*T), V voc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -113,6 +120,69 @@ class LLaDA2Config(BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------
+# Tensor + expert parallelism
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This process's place in a tensor/expert-parallel group: rank ``rank`` of ``world``.
+
+    ``group`` is the ``torch.distributed`` process group to all-reduce over (``None``: the default
+    group). ``world == 1`` is the ordinary single-device model (no communication).
+    """
+
+    rank: int = 0
+    world: int = 1
+    group: Any = None
+
+    def span(self, n: int) -> tuple[int, int]:
+        """This rank's contiguous share ``[lo, hi)`` of ``n`` items split evenly (``n % world == 0``)."""
+        per = n // self.world
+        return self.rank * per, (self.rank + 1) * per
+
+    def kv_heads(self, n_kv: int) -> tuple[int, int]:
+        """KV heads ``[lo, hi)`` of this rank: split when ``world`` divides ``n_kv``, else each head is
+        replicated on ``world / n_kv`` consecutive ranks (the ranks whose query heads use it)."""
+        if n_kv % self.world == 0:
+            return self.span(n_kv)
+        lo = self.rank // (self.world // n_kv)
+        return lo, lo + 1
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the ranks in place (identity on one rank)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, group=self.group)
+        return t
+
+
+SINGLE = TensorParallel()
+
+
+def shard_problems(cfg: LLaDA2Config, world: int) -> list[str]:
+    """Why ``cfg`` cannot be split over ``world`` ranks (empty when it can), one line per field."""
+    if world < 1:
+        return [f"world size must be >= 1, got {world}"]
+    out = []
+
+    def need(field: str, n: int) -> None:
+        if n % world:
+            out.append(f"{field}={n} is not divisible by the world size {world}")
+
+    need("num_attention_heads", cfg.num_attention_heads)
+    nkv = cfg.num_key_value_heads
+    if nkv % world and world % nkv:
+        out.append(f"num_key_value_heads={nkv}: the world size {world} must divide it or be a multiple of it")
+    need("num_experts", cfg.num_experts)
+    if cfg.first_k_dense_replace:
+        need("intermediate_size", cfg.intermediate_size)
+    if cfg.num_shared_experts:
+        need("moe_intermediate_size * num_shared_experts", cfg.moe_intermediate_size * cfg.num_shared_experts)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Norms and rotary embeddings
 
 
@@ -176,10 +246,16 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype):
+    """GQA attention with per-head q/k RMSNorm and partial RoPE. Under tensor parallelism it holds
+    its rank's query heads and the KV heads they use; ``dense`` then gives a partial sum that the
+    decoder layer all-reduces."""
+
+    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.nq, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        qkv_out = (self.nq + 2 * self.nkv) * self.hd  # packed [all Q heads | all K heads | all V heads]
+        q_lo, q_hi = tp.span(cfg.num_attention_heads)
+        kv_lo, kv_hi = tp.kv_heads(cfg.num_key_value_heads)
+        self.nq, self.nkv, self.hd = q_hi - q_lo, kv_hi - kv_lo, cfg.head_dim
+        qkv_out = (self.nq + 2 * self.nkv) * self.hd  # packed [Q heads | K heads | V heads] of this rank
         self.query_key_value = nn.Linear(cfg.hidden_size, qkv_out, bias=False, dtype=dtype)
         self.query_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
         self.key_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
@@ -213,9 +289,12 @@ class Attention(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # MLPs and mixture of experts
 
+MoEImpl = Literal["grouped", "reference"]
+
 
 class MLP(nn.Module):
-    """SwiGLU without biases: the dense layers, every routed expert and the shared expert."""
+    """SwiGLU without biases: the dense layers and the shared expert. ``inner`` is this rank's
+    share of the width (columns of gate/up, rows of down); the output is then a partial sum."""
 
     def __init__(self, hidden: int, inner: int, dtype: torch.dtype):
         super().__init__()
@@ -256,17 +335,150 @@ class Router(nn.Module):
         return logits, idx, weight * self.scale
 
 
-class MoE(nn.Module):
-    """Routed experts (grouped by expert: one matmul chain per expert that received tokens) plus
-    an always-on shared expert. Experts are separate modules so that their parameters carry the
-    official per-expert names; the grouping makes the per-expert loop cost O(active experts)."""
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
-    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype):
+
+def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.nn.functional.grouped_mm`` runs for these weights: any float dtype on the
+    CPU, bfloat16 on CUDA (the kernel PyTorch ships for GPUs is bf16-only)."""
+    if device.type == "cpu":
+        return dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return device.type == "cuda" and dtype == torch.bfloat16
+
+
+def _aligned(t: torch.Tensor, align: int, dims: int = 1) -> torch.Tensor:
+    """Zero-pad the last ``dims`` dims to multiples of ``align``: grouped GEMM (forward and
+    backward) needs 16-byte aligned strides; zero rows/columns add nothing to any dot product
+    and leave zeros in the padded outputs."""
+    pad = [p for d in range(1, dims + 1) for p in (0, -t.shape[-d] % align)]
+    return F.pad(t, pad) if any(pad) else t
+
+
+class Experts(nn.Module):
+    """The routed experts of one MoE layer, stacked: ``gate_proj``/``up_proj`` (E, I, H) and
+    ``down_proj`` (E, H, I), ``nn.Linear`` layout per expert. Holds experts ``first ..
+    first + count - 1`` of the layer (all of them on one device, a range per rank under expert
+    parallelism).
+
+    ``state_dict()`` names each expert's matrix as the official checkpoints do
+    (``{e}.gate_proj.weight``, views into the stacks, no copies) and ``load_state_dict`` accepts
+    those names and stacks them, so checkpoints keep the per-expert layout.
+    """
+
+    def __init__(self, count: int, hidden: int, inner: int, dtype: torch.dtype, first: int = 0):
+        super().__init__()
+        self.first, self.count = first, count
+        bound_in, bound_inner = hidden ** -0.5, inner ** -0.5  # nn.Linear's default init bounds
+        self.gate_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        self.up_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        self.down_proj = nn.Parameter(torch.empty(count, hidden, inner, dtype=dtype).uniform_(-bound_inner, bound_inner))
+        self.register_state_dict_post_hook(_unstack_experts)
+        self.register_load_state_dict_pre_hook(_stack_experts)
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, impl: MoEImpl = "grouped",
+                sharded: bool = False) -> torch.Tensor:
+        """``sum_k weight[n, k] * expert_{idx[n, k]}(x[n])`` over the experts held here.
+
+        x (N, H); idx (N, K) global expert ids; weight (N, K) float32. ``sharded``: some chosen
+        experts live on other ranks (their terms are left out here and come with the all-reduce).
+        """
+        if impl == "grouped" and grouped_mm_supported(x.device, self.gate_proj.dtype):
+            return self._grouped(x, idx, weight, sharded)
+        return self._reference(x, idx, weight)
+
+    def _grouped(self, x, idx, weight, sharded: bool) -> torch.Tensor:
+        """One grouped GEMM per projection over the (token, expert) pairs sorted by expert. No
+        loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
+        N, K = idx.shape
+        H = x.shape[1]
+        slot = idx - self.first  # (N, K) local expert index
+        if sharded:  # pairs of other ranks' experts sort last, past the final offset (never computed)
+            mine = (slot >= 0) & (slot < self.count)
+            slot = torch.where(mine, slot, self.count)
+        flat = slot.flatten()
+        order = flat.argsort(stable=True)  # (N*K,) pairs grouped by expert
+        ends = torch.arange(1, self.count + 1, device=x.device)
+        offs = torch.searchsorted(flat[order], ends, out_int32=True)  # end of each expert's rows
+        token = order // K
+        align = 16 // x.element_size()
+        xs = _aligned(x[token], align)  # (N*K, H') expert-contiguous inputs
+        gate = F.grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs=offs)  # (N*K, I')
+        up = F.grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs=offs)
+        down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
+        out = F.grouped_mm(F.silu(gate) * up, down, offs=offs)[:, :H]
+        out = out * weight.flatten()[order, None].to(x.dtype)
+        if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
+            out = torch.where(mine.flatten()[order, None], out, 0.0)
+        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu")
+
+    def _reference(self, x, idx, weight) -> torch.Tensor:
+        """The per-expert path the grouped one is tested against: sort pairs by expert, then one
+        matmul chain per expert that received tokens (reads the counts on the host)."""
+        N, K = idx.shape
+        slot = (idx - self.first).flatten()
+        order = slot.argsort()  # (N*K,) pair ids grouped by expert
+        mine = (slot >= 0) & (slot < self.count)
+        counts = torch.bincount(slot[mine], minlength=self.count).tolist()
+        start = int((slot < 0).sum())  # other ranks' lower experts sort first
+        y = torch.zeros_like(x)
+        for e, n in enumerate(counts):
+            if n:
+                pairs = order[start : start + n]
+                xs = x[pairs // K]
+                h = F.silu(F.linear(xs, self.gate_proj[e])) * F.linear(xs, self.up_proj[e])
+                y.index_add_(0, pairs // K, F.linear(h, self.down_proj[e]) * weight.flatten()[pairs, None].to(x.dtype))
+            start += n
+        return y
+
+
+def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool) -> torch.Tensor:
+    """Sum the expert outputs ``out`` (N*K, H) of the pairs ``order`` (sorted pair ids) per token.
+
+    ``fixed_order``: gather back to (token, k) order and sum over k, the same bits on every run
+    (a GPU's ``index_add_`` adds with atomics in any order); else ``index_add_`` in place (on a
+    CPU it is deterministic and avoids a large fresh buffer, whose page faults cost more than
+    the sum)."""
+    N, H = out.shape[0] // K, out.shape[1]
+    if fixed_order:
+        return out[order.argsort()].view(N, K, H).sum(1)
+    return out.new_zeros(N, H).index_add_(0, order // K, out)
+
+
+def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    stacks = {name: state_dict.pop(prefix + name) for name in PROJECTIONS}
+    for i in range(module.count):
+        for name in PROJECTIONS:
+            state_dict[f"{prefix}{module.first + i}.{name}.weight"] = stacks[name][i]
+
+
+def _stack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+                   missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+    for name in PROJECTIONS:
+        keys = [f"{prefix}{module.first + i}.{name}.weight" for i in range(module.count)]
+        if all(k in state_dict for k in keys):  # otherwise the missing stack is reported as usual
+            state_dict[prefix + name] = torch.stack([state_dict.pop(k) for k in keys])
+
+
+class MoE(nn.Module):
+    """Routed experts (stacked, see :class:`Experts`) plus an always-on shared expert.
+
+    ``impl``: ``"grouped"`` (default; one grouped GEMM per projection where the kernel exists,
+    see :func:`grouped_mm_supported`, else the reference) or ``"reference"`` (one matmul chain
+    per active expert, after a host sync). Under expert parallelism the router runs on every
+    rank (same input, same choice) and each rank adds the terms of its own experts.
+    """
+
+    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype, tp: TensorParallel = SINGLE,
+                 impl: MoEImpl = "grouped"):
         super().__init__()
         self.gate = Router(cfg)
         H, inner = cfg.hidden_size, cfg.moe_intermediate_size
-        self.experts = nn.ModuleList(MLP(H, inner, dtype) for _ in range(cfg.num_experts))
-        self.shared_experts = MLP(H, inner * cfg.num_shared_experts, dtype) if cfg.num_shared_experts else None
+        lo, hi = tp.span(cfg.num_experts)
+        self.experts = Experts(hi - lo, H, inner, dtype, first=lo)
+        shared = inner * cfg.num_shared_experts // tp.world
+        self.shared_experts = MLP(H, shared, dtype) if cfg.num_shared_experts else None
+        self.sharded = tp.world > 1
+        self.impl: MoEImpl = impl
 
     def forward(self, x: torch.Tensor, trace: dict | None = None, layer: int = 0) -> torch.Tensor:
         B, T, H = x.shape
@@ -276,33 +488,10 @@ class MoE(nn.Module):
             trace[f"router_logits.{layer}"] = logits.view(B, T, -1)
             trace[f"router_topk_idx.{layer}"] = idx.view(B, T, -1)
             trace[f"router_topk_weight.{layer}"] = weight.view(B, T, -1)
-        y = moe_forward_grouped(self.experts, flat, idx, weight)
+        y = self.experts(flat, idx, weight, self.impl, self.sharded)
         if self.shared_experts is not None:
             y = y + self.shared_experts(flat)
         return y.view(B, T, H)
-
-
-def moe_forward_grouped(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor):
-    """sum_k weight[n, k] * experts[idx[n, k]](x[n]) by sorting the N*K (token, expert) pairs by
-    expert, so each active expert runs once on a contiguous slice of its tokens."""
-    N, K = idx.shape
-    order = idx.flatten().argsort()  # (N*K,) pair ids grouped by expert
-    token = order // K  # token of each sorted pair
-    counts = torch.bincount(idx.flatten(), minlength=len(experts)).tolist()
-    xs = x[token]  # (N*K, H) gathered inputs, expert-contiguous
-    outs = [experts[e](chunk) for e, chunk in enumerate(xs.split(counts)) if counts[e]]
-    out = torch.cat(outs) * weight.flatten()[order, None].to(x.dtype)  # (N*K, H)
-    return torch.zeros_like(x).index_add_(0, token, out)
-
-
-def moe_forward_loop(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor):
-    """Naive reference for tests and the benchmark: every expert on every token, masked by a
-    dense (N, E) combine weight that is zero where the expert was not chosen."""
-    combine = weight.new_zeros(x.shape[0], len(experts)).scatter_(1, idx, weight)  # (N, E)
-    y = torch.zeros_like(x)
-    for e, expert in enumerate(experts):
-        y += combine[:, e : e + 1].to(x.dtype) * expert(x)
-    return y
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,26 +499,29 @@ def moe_forward_loop(experts: nn.ModuleList, x: torch.Tensor, idx: torch.Tensor,
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LLaDA2Config, layer: int, dtype: torch.dtype):
+    def __init__(self, cfg: LLaDA2Config, layer: int, dtype: torch.dtype, tp: TensorParallel = SINGLE):
         super().__init__()
         self.layer = layer
+        self.tp = tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.attention = Attention(cfg, dtype)
+        self.attention = Attention(cfg, dtype, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         dense = layer < cfg.first_k_dense_replace
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype) if dense else MoE(cfg, dtype)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size // tp.world, dtype) if dense else MoE(cfg, dtype, tp)
 
     def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_at, trace):
-        h = h + self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_at)
+        attn = self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_at)
+        h = h + self.tp.all_reduce(attn)
         x = self.post_attention_layernorm(h)
-        return h + (self.mlp(x, trace, self.layer) if isinstance(self.mlp, MoE) else self.mlp(x))
+        mlp = self.mlp(x, trace, self.layer) if isinstance(self.mlp, MoE) else self.mlp(x)
+        return h + self.tp.all_reduce(mlp)
 
 
 class LLaDA2Backbone(nn.Module):
-    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype):
+    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype, tp: TensorParallel = SINGLE):
         super().__init__()
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
 
@@ -340,23 +532,69 @@ class LLaDA2MoeModelLM(nn.Module):
     seeded init; build it under ``torch.device("meta")`` to skip the init and allocate nothing), or
     use :func:`dlm_toolkit.models.checkpoint.load_model`. Parameters require grad as usual, so
     decode under ``torch.inference_mode()``.
+
+    ``tp``: this process's rank in a tensor/expert-parallel group (default: the whole model here).
+    A sharded model holds its rank's slices (see :meth:`checkpoint_slices`); its state dict has the
+    official names with this rank's shapes and only its own experts, so it is loaded with
+    ``load_model(..., tp=)`` and not saved. ``moe_impl``: see :class:`MoE` and :meth:`set_moe_impl`.
     """
 
     attention = "block_causal"
     supports_kv_cache = True
 
     def __init__(self, config: LLaDA2Config, dtype: torch.dtype = torch.float32,
-                 mask_token_id: int | None = None, eos_token_id: int | None = None):
+                 mask_token_id: int | None = None, eos_token_id: int | None = None,
+                 tp: TensorParallel = SINGLE, moe_impl: MoEImpl = "grouped"):
         super().__init__()
+        problems = shard_problems(config, tp.world)
+        if problems:
+            fits = [w for w in range(1, 65) if not shard_problems(config, w)]
+            raise ValueError(f"cannot split the model over {tp.world} ranks: " + "; ".join(problems)
+                             + f" (world sizes up to 64 that fit this model: {', '.join(map(str, fits))})")
         self.config = config
         self.dtype = dtype
+        self.tp = tp
         self.vocab_size = config.vocab_size
         # Arguments win over the config; -1 marks "unknown" (the loader always resolves real ids,
         # a bare randomly initialised model may not need them).
         self.mask_token_id = next((i for i in (mask_token_id, config.mask_token_id) if i is not None), -1)
         self.eos_token_id = next((i for i in (eos_token_id, config.eos_token_id) if i is not None), -1)
-        self.model = LLaDA2Backbone(config, dtype)
+        self.model = LLaDA2Backbone(config, dtype, tp)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.set_moe_impl(moe_impl)
+
+    def set_moe_impl(self, impl: MoEImpl) -> LLaDA2MoeModelLM:
+        """Run every MoE layer with ``"grouped"`` (one grouped GEMM per projection) or
+        ``"reference"`` (a matmul chain per active expert); both give the same result."""
+        if impl not in ("grouped", "reference"):
+            raise ValueError(f"moe_impl: must be 'grouped' or 'reference', got {impl!r}")
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.impl = impl
+        return self
+
+    def checkpoint_slices(self, key: str) -> list[tuple[slice, ...]]:
+        """Which parts of checkpoint tensor ``key`` (a key of this model's ``state_dict()``) this
+        rank holds: index tuples into the full tensor whose pieces, concatenated along dim 0, give
+        the local tensor. ``[()]`` (everything) on one rank, for replicated tensors and for experts
+        (a rank's state dict names only its own experts)."""
+        cfg, tp = self.config, self.tp
+        if tp.world == 1:
+            return [()]
+        hd = cfg.head_dim
+        if key.endswith("attention.query_key_value.weight"):
+            nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+            (q_lo, q_hi), (kv_lo, kv_hi) = tp.span(nq), tp.kv_heads(nkv)
+            return [(slice(q_lo * hd, q_hi * hd),), (slice((nq + kv_lo) * hd, (nq + kv_hi) * hd),),
+                    (slice((nq + nkv + kv_lo) * hd, (nq + nkv + kv_hi) * hd),)]
+        if key.endswith("attention.dense.weight"):
+            q_lo, q_hi = tp.span(cfg.num_attention_heads)
+            return [(slice(None), slice(q_lo * hd, q_hi * hd))]
+        if ".experts." not in key and key.endswith(("gate_proj.weight", "up_proj.weight", "down_proj.weight")):
+            dense = ".mlp.shared_experts." not in key
+            lo, hi = tp.span(cfg.intermediate_size if dense else cfg.moe_intermediate_size * cfg.num_shared_experts)
+            return [(slice(None), slice(lo, hi))] if key.endswith("down_proj.weight") else [(slice(lo, hi),)]
+        return [()]
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> LLaDA2MoeModelLM:
@@ -373,7 +611,8 @@ class LLaDA2MoeModelLM(nn.Module):
 
     def new_cache(self, batch_size: int, max_length: int) -> KVCache:
         cfg, dev = self.config, self.lm_head.weight.device
-        shape = (batch_size, cfg.num_key_value_heads, max_length, cfg.head_dim)
+        kv_lo, kv_hi = self.tp.kv_heads(cfg.num_key_value_heads)  # this rank's KV heads
+        shape = (batch_size, kv_hi - kv_lo, max_length, cfg.head_dim)
         n = cfg.num_hidden_layers
         return KVCache([torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(n)],
                        [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(n)])

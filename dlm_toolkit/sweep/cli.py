@@ -249,7 +249,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
                       progress=not args.no_progress, threads=args.threads)
     run_id = None
-    if args.tracking_uri:
+    from dlm_toolkit.distributed import is_main_process
+
+    if args.tracking_uri and is_main_process():  # under torchrun every rank has the same result
         from dlm_toolkit.sweep.tracking import log_eval_run
 
         run_id = log_eval_run(result, policy, task.name, args.checkpoint, args.tracking_uri,

@@ -1,0 +1,242 @@
+"""Full-scale decode benchmark: random weights in the exact LLaDA2.1 mini / flash shapes, bf16.
+
+One GPU (mini)::
+
+    python benchmarks/full_scale.py --shape mini --json
+
+Several GPUs (flash, tensor + expert parallel; each rank builds only its shard)::
+
+    torchrun --nproc-per-node 4 benchmarks/full_scale.py --shape flash --json
+
+On a CPU (or with ``--cpu-smoke``) a scaled-down shape of the same architecture runs in seconds,
+also under ``torchrun`` with gloo ranks, so CI runs the script end to end. For every batch size
+(1, 8) and preset (Q, S) it decodes a fixed prompt set with block length 32 and prints one record:
+tokens/s, ms per forward, NFE, TPF, engine overhead fraction, peak memory and the device name.
+``--memory-table`` prints the bf16 memory per rank of mini and flash at 1/2/4/8 ranks (from the
+shapes: the model is built on the meta device, nothing is allocated).
+
+Timing: forwards are timed with CUDA events on a GPU (the engine's own ``model_time`` only sees
+the asynchronous launch there) and with the host clock on a CPU. Random weights do not make a
+trained model's confidences, so NFE/TPF here say little about quality; the lm_head is scaled
+(``--logit-scale``) so that confidences spread and both commit paths (threshold and fallback) run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+
+from dlm_toolkit import DecodingPolicy, decode
+from dlm_toolkit.distributed import init_from_env
+from dlm_toolkit.models import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
+
+# The official LLaDA2.1 configs (the fields the model reads). mini: inclusionAI/LLaDA2.1-mini
+# config.json; flash: DESIGN.md §3 (the routing groups are those of the family's configs).
+COMMON = dict(
+    vocab_size=157184, head_dim=128, num_shared_experts=1, num_experts=256, num_experts_per_tok=8, n_group=8,
+    topk_group=4, routed_scaling_factor=2.5, first_k_dense_replace=1, rms_norm_eps=1e-6, rope_theta=600000.0,
+    partial_rotary_factor=0.5, max_position_embeddings=32768, mask_token_id=156895, eos_token_id=156892,
+)
+SHAPES: dict[str, dict[str, Any]] = {
+    "mini": dict(COMMON, hidden_size=2048, num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=4,
+                 intermediate_size=5120, moe_intermediate_size=512),
+    "flash": dict(COMMON, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=4,
+                  intermediate_size=9216, moe_intermediate_size=1024),
+    # The same architecture scaled down for CPUs and CI (seconds per run).
+    "smoke": dict(COMMON, vocab_size=2048, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, intermediate_size=256, moe_intermediate_size=64,
+                  num_experts=32, num_experts_per_tok=4, n_group=4, topk_group=2, mask_token_id=2047,
+                  eos_token_id=2046),
+}
+PRESETS = {"Q": "llada2.1-q", "S": "llada2.1-s"}
+PROMPT_LENGTHS = (48, 64, 80, 96, 112, 128, 144, 160)  # the fixed prompt set; batch b takes the first b
+
+
+def config(shape: str) -> LLaDA2Config:
+    return LLaDA2Config(**SHAPES[shape])
+
+
+def prompts(cfg: LLaDA2Config, batch: int) -> list[list[int]]:
+    """Fixed pseudo-random prompts (seeded), ids below the special tokens."""
+    gen = torch.Generator().manual_seed(1234)
+    top = min(cfg.mask_token_id, cfg.eos_token_id)
+    return [torch.randint(0, top, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS[:batch]]
+
+
+@torch.no_grad()
+def random_model(cfg: LLaDA2Config, dtype: torch.dtype, device: torch.device, tp: TensorParallel,
+                 logit_scale: float, seed: int = 0) -> LLaDA2MoeModelLM:
+    """This rank's shard with N(0, initializer_range) weights drawn on the device (a CPU init of
+    16B parameters would take minutes), unit norms, a zero expert bias, a scaled lm_head."""
+    with torch.device("meta"):
+        model = LLaDA2MoeModelLM(cfg, dtype=dtype, tp=tp)
+    model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed + tp.rank)
+    for name, t in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            t.fill_(1.0)
+        elif name.endswith("expert_bias"):
+            t.zero_()
+        else:
+            t.normal_(0.0, cfg.initializer_range, generator=gen)
+    if tp.world > 1:  # replicated weights (embeddings, routers, lm_head) must agree on every rank
+        gen.manual_seed(seed)
+        for name, t in model.state_dict().items():
+            if model.checkpoint_slices(name) == [()] and ".experts." not in name \
+                    and not name.endswith(("norm.weight", "expert_bias")):
+                t.normal_(0.0, cfg.initializer_range, generator=gen)
+    model.lm_head.weight.mul_(logit_scale)
+    model.lm_head.weight[cfg.mask_token_id].zero_()
+    return model.eval()
+
+
+class TimedModel:
+    """Forwards to ``model``; accumulates the time spent in ``forward_window`` (CUDA events on a
+    GPU, read once at the end, so timing adds no host sync)."""
+
+    def __init__(self, model: LLaDA2MoeModelLM, device: torch.device):
+        self.model, self.cuda = model, device.type == "cuda"
+        self.events: list[tuple[Any, Any]] = []
+        self.host_s = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def forward_window(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = self.model.forward_window(*args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return out
+        t0 = time.perf_counter()
+        out = self.model.forward_window(*args, **kwargs)
+        self.host_s += time.perf_counter() - t0
+        return out
+
+    def forward_seconds(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return sum(s.elapsed_time(e) for s, e in self.events) / 1e3
+        return self.host_s
+
+    def reset(self) -> None:
+        self.events, self.host_s = [], 0.0
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory on a GPU; peak resident memory of the process on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run(shape: str, device: torch.device, tp: TensorParallel, batches: list[int], presets: list[str],
+        gen_length: int, block: int, logit_scale: float, moe_impl: str) -> list[dict[str, Any]]:
+    cfg = config(shape)
+    dtype = torch.bfloat16 if device.type == "cuda" or shape != "smoke" else torch.float32
+    model = random_model(cfg, dtype, device, tp, logit_scale).set_moe_impl(moe_impl)
+    timed = TimedModel(model, device)
+    records = []
+    for preset in presets:
+        policy = DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+        for batch in batches:
+            batch_prompts = prompts(cfg, batch)
+            decode(timed, batch_prompts, policy, block)  # warm-up (kernels, allocator)
+            timed.reset()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            result = decode(timed, batch_prompts, policy, gen_length)
+            forward_s = timed.forward_seconds()
+            s = result.summary()
+            records.append({
+                "shape": shape, "preset": preset, "batch": batch, "block_length": block, "gen_length": gen_length,
+                "dtype": str(dtype).removeprefix("torch."), "moe_impl": moe_impl, "world_size": tp.world,
+                "tokens_per_second": s["tokens_per_second"], "ms_per_forward": 1e3 * forward_s / result.forward_calls,
+                "nfe_mean": s["nfe_mean"], "tpf": s["tpf"], "forward_calls": result.forward_calls,
+                "engine_overhead_fraction": max(0.0, 1.0 - forward_s / result.wall_time),
+                "wall_time_s": result.wall_time, "peak_memory_gb": peak_memory_bytes(device) / 1e9,
+                "device": device_name(device),
+            })
+    return records
+
+
+def memory_per_rank(shape: str, world: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """Weights of one rank (GB; router in float32 as loaded) and its KV cache per 1,000 cached
+    positions of one row (GB), from the shapes (built on the meta device)."""
+    cfg = config(shape)
+    with torch.device("meta"):
+        model = LLaDA2MoeModelLM(cfg, dtype=dtype, tp=TensorParallel(0, world))
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    kv_lo, kv_hi = model.tp.kv_heads(cfg.num_key_value_heads)
+    kv = 2 * cfg.num_hidden_layers * (kv_hi - kv_lo) * cfg.head_dim * 1000 * torch.finfo(dtype).bits // 8
+    return {"weights_gb": weights / 1e9, "kv_gb_per_1k_positions": kv / 1e9}
+
+
+def memory_table() -> str:
+    lines = ["| shape | parameters | ranks | weights per rank (GB, bf16) | KV cache per rank per 1k positions per row (GB) |",
+             "|---|---|---|---|---|"]
+    for shape in ("mini", "flash"):
+        with torch.device("meta"):
+            params = sum(p.numel() for p in LLaDA2MoeModelLM(config(shape)).parameters())
+        for world in (1, 2, 4, 8):
+            m = memory_per_rank(shape, world)
+            lines.append(f"| {shape} | {params / 1e9:.2f}B | {world} | {m['weights_gb']:.1f} | "
+                         f"{m['kv_gb_per_1k_positions']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="default: mini on a GPU, smoke on a CPU")
+    parser.add_argument("--cpu-smoke", action="store_true", help="the scaled-down shape on the CPU")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], choices=range(1, len(PROMPT_LENGTHS) + 1))
+    parser.add_argument("--presets", nargs="+", default=["Q", "S"], choices=sorted(PRESETS))
+    parser.add_argument("--gen-length", type=int, default=None, help="default: 256 (64 for the smoke shape)")
+    parser.add_argument("--block-length", type=int, default=32)
+    parser.add_argument("--logit-scale", type=float, default=None, help="lm_head scale (default 8, smoke 30)")
+    parser.add_argument("--moe-impl", choices=["grouped", "reference"], default="grouped")
+    parser.add_argument("--memory-table", action="store_true", help="print the memory-per-rank table and exit")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = parser.parse_args(argv)
+    if args.memory_table:
+        print(memory_table())
+        return 0
+    cuda = torch.cuda.is_available() and not args.cpu_smoke
+    if args.cpu_smoke and args.shape not in (None, "smoke"):
+        parser.error("--cpu-smoke runs the smoke shape; drop --shape")
+    shape = args.shape or ("mini" if cuda else "smoke")
+    if shape != "smoke" and not cuda:
+        parser.error(f"--shape {shape}: needs CUDA (this machine has none); use --cpu-smoke")
+    tp, device = init_from_env("cuda" if cuda else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    smoke = shape == "smoke"
+    records = run(shape, device, tp, args.batch, args.presets, args.gen_length or (64 if smoke else 256),
+                  args.block_length, args.logit_scale or (30.0 if smoke else 8.0), args.moe_impl)
+    for r in records:
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(f"{r['shape']} {r['preset']} batch {r['batch']}: {r['tokens_per_second']:.1f} tok/s, "
+                  f"{r['ms_per_forward']:.2f} ms/forward, NFE {r['nfe_mean']:.1f}, TPF {r['tpf']:.2f}, "
+                  f"overhead {r['engine_overhead_fraction']:.3f}, peak {r['peak_memory_gb']:.2f} GB, {r['device']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

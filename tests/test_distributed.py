@@ -1,0 +1,113 @@
+"""Tensor + expert parallel LLaDA2 over torch.distributed: real gloo processes started by torchrun
+give exactly the single-process tokens and NFE; each rank's shard sums to the whole model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import tp_worker
+from tp_worker import DLM, TORCHRUN, run_bounded
+
+from dlm_toolkit.distributed import init_from_env, is_main_process
+from dlm_toolkit.models import LLaDA2MoeModelLM, TensorParallel, load_model, save_model
+from dlm_toolkit.models.llada2 import rope_cos_sin
+from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "conformance/llada2_tiny"
+
+
+@pytest.fixture(scope="module")
+def random_checkpoint(tmp_path_factory) -> Path:
+    """One KV head (so 2 ranks replicate it), 16 experts in 4 groups, 3 layers (1 dense)."""
+    path = tmp_path_factory.mktemp("tp") / "random"
+    save_model(tiny_llada2(7, num_key_value_heads=1, num_experts=16, num_experts_per_tok=4, n_group=4,
+                           topk_group=2, num_hidden_layers=3), path)
+    return path
+
+
+def test_two_gloo_ranks_decode_exactly_like_one_process(random_checkpoint, tmp_path):
+    proc = run_bounded([*TORCHRUN, "--standalone", "--nproc-per-node", "2", str(REPO / "tests/tp_worker.py"),
+                        str(random_checkpoint), str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r.pop("world") for r in ranks] == [2, 2]
+    single = tp_worker.run(random_checkpoint)
+    assert single["failures"] == [] and len(single) == 1 + 17 * 2 + 3
+    assert ranks[0] == single  # tokens and NFE of every fixture case and random-model row
+    assert ranks[1] == single
+    assert ranks[0]["failures"] == []  # and the fixture's logits, expected values and traces
+
+
+def test_world_size_that_does_not_divide_the_model_fails_on_every_rank():
+    proc = run_bounded([*TORCHRUN, "--standalone", "--nproc-per-node", "3", "--no-python", DLM, "decode", "--checkpoint",
+                        str(FIXTURE), "--prompt-ids", "1,2", "--gen-length", "8", "--mask-id", "127", "--eos-id", "126"])
+    assert proc.returncode != 0 and proc.stdout == ""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3 and "num_attention_heads=4 is not divisible by the world size 3" in errors[0]
+    assert "exitcode  : 2" in proc.stderr  # each rank's own exit status (torchrun itself exits 1)
+
+
+# -- shards in one process ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@torch.no_grad()
+def test_rank_shards_sum_to_the_whole_sublayers(tmp_path, world):
+    """Each sub-layer's partial outputs over the ranks add up to the single-device output (the
+    all-reduce's job), for split KV heads (world 2) and replicated ones (world 4 > 2 KV heads)."""
+    cfg = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=4, num_experts=8, num_experts_per_tok=2,
+               n_group=4, topk_group=2, intermediate_size=48, num_hidden_layers=2)
+    save_model(tiny_llada2(11, **cfg), tmp_path)
+    full = load_model(tmp_path)
+    shards = [load_model(tmp_path, tp=TensorParallel(r, world)) for r in range(world)]
+    kv = [s.tp.kv_heads(2) for s in shards]
+    assert kv == ([(0, 1), (1, 2)] if world == 2 else [(0, 1), (0, 1), (1, 2), (1, 2)])
+    assert all(s.model.layers[0].attention.nkv == 1 and s.model.layers[0].attention.nq == 8 // world for s in shards)
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(6).expand(2, 6)
+    cos, sin = rope_cos_sin(pos, full.config.rotary_dim, full.config.rope_theta, torch.float32)
+    mask = (torch.arange(6)[None, :] // 3 <= torch.arange(6)[:, None] // 3).expand(2, 1, 6, 6)
+    for layer in range(2):
+        whole = full.model.layers[layer]
+        parts = [s.model.layers[layer] for s in shards]
+        attn = sum(p.attention(x, cos, sin, mask) for p in parts)
+        assert (attn - whole.attention(x, cos, sin, mask)).abs().max() < 1e-5
+        if layer == 0:
+            mlp = sum(p.mlp(x) for p in parts)
+            assert (mlp - whole.mlp(x)).abs().max() < 1e-5
+        else:
+            for impl in ("grouped", "reference"):
+                moe = sum(s.set_moe_impl(impl).model.layers[1].mlp(x) for s in shards)
+                assert (moe - whole.mlp(x)).abs().max() < 1e-5, impl
+    experts = [s.model.layers[1].mlp.experts for s in shards]
+    assert [e.first for e in experts] == [r * 8 // world for r in range(world)]
+    assert all(e.gate_proj.shape[0] == 8 // world for e in experts)
+
+
+def test_shard_sizes_add_up(tmp_path):
+    save_model(tiny_llada2(2), tmp_path)
+    full = sum(t.numel() for t in load_model(tmp_path).state_dict().values())
+    shards = [load_model(tmp_path, tp=TensorParallel(r, 2)).state_dict() for r in range(2)]
+    replicated = sum(t.numel() for k, t in shards[0].items() if "norm" in k or "embeddings" in k or "lm_head" in k
+                     or ".gate." in k)
+    assert sum(sum(t.numel() for t in s.values()) for s in shards) == full + replicated
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in shards[1] and "model.layers.1.mlp.experts.3.up_proj.weight" not in shards[1]
+    with pytest.raises(ValueError, match="shard"):
+        save_model(load_model(tmp_path, tp=TensorParallel(1, 2)), tmp_path / "out")
+
+
+def test_world_size_errors_name_the_field_and_what_fits():
+    with pytest.raises(ValueError, match=r"num_experts=8 is not divisible by the world size 16.*fit this model: 1, 2, 4, 8\)"):
+        LLaDA2MoeModelLM(tiny_llada2_config(num_attention_heads=16, num_key_value_heads=2, head_dim=4),
+                         tp=TensorParallel(0, 16))
+
+
+def test_outside_torchrun_nothing_is_initialised(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    tp, device = init_from_env(None)
+    assert (tp.world, tp.rank, device) == (1, 0, torch.device("cpu")) and is_main_process()
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE: must be an integer, got 'two'"):
+        init_from_env("cpu")

@@ -1,0 +1,124 @@
+"""README "Full scale": its CPU commands run as written (torchrun decode = single-process decode,
+the benchmark's smoke shape alone and on 2 gloo ranks) and its memory table matches the shapes."""
+
+import json
+import re
+import shlex
+import sys
+
+import pytest
+import torch
+from tp_worker import DLM, REPO, TORCHRUN, run_bounded
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import full_scale  # noqa: E402
+
+from dlm_toolkit.cli import main  # noqa: E402
+
+
+def full_scale_section() -> str:
+    text = (REPO / "README.md").read_text()
+    return text[text.index("## Full scale\n"):].split("\n## ", 1)[0]
+
+
+def cpu_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.+?)\n```", full_scale_section(), re.S)
+    assert len(blocks) == 1
+    return blocks[0].splitlines()
+
+
+def argv(command: str) -> list[str]:
+    """A README line as this test machine runs it: ``torchrun`` and ``python`` from this venv."""
+    words = shlex.split(command)
+    if words[0] == "torchrun":
+        words = [*TORCHRUN, *words[1:]]
+        if "--no-python" in words:
+            i = words.index("--no-python") + 1
+            words[i] = DLM if words[i] == "dlm" else words[i]
+    elif words[0] == "python":
+        words = [sys.executable, *words[1:]]
+    return words
+
+
+def command(start: str) -> str:
+    return next(c for c in cpu_commands() if c.startswith(start))
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.strip().splitlines()]
+
+
+def test_readme_torchrun_decode_prints_once_the_single_process_result(capsys):
+    line = command("torchrun --standalone --nproc-per-node 2 --no-python dlm decode")
+    proc = run_bounded(argv(line))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [both] = records(proc.stdout)  # one line: rank 1 is quiet
+    assert main(shlex.split(line)[6:]) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert (both["tokens"], both["nfe"]) == (single["tokens"], single["nfe"])
+
+
+def check_records(rows: list[dict], world: int) -> None:
+    for r in rows:
+        assert r["shape"] == "smoke" and r["world_size"] == world and r["block_length"] == 32
+        assert r["device"].startswith("cpu") and r["peak_memory_gb"] > 0
+        assert r["nfe_mean"] >= r["gen_length"] / r["block_length"] and r["forward_calls"] >= r["nfe_mean"]
+        assert 0 < r["tpf"] <= r["block_length"] and r["tokens_per_second"] > 0 and r["ms_per_forward"] > 0
+        assert 0 <= r["engine_overhead_fraction"] < 1
+
+
+def test_readme_benchmark_smoke_runs_every_batch_and_preset():
+    proc = run_bounded(argv(command("python benchmarks/full_scale.py --cpu-smoke")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = records(proc.stdout)
+    assert [(r["preset"], r["batch"]) for r in rows] == [("Q", 1), ("Q", 8), ("S", 1), ("S", 8)]
+    check_records(rows, world=1)
+
+
+def test_readme_benchmark_smoke_on_two_gloo_ranks():
+    proc = run_bounded(argv(command("torchrun --standalone --nproc-per-node 2 benchmarks/full_scale.py")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = records(proc.stdout)
+    assert [(r["preset"], r["batch"]) for r in rows] == [("S", 8)]
+    check_records(rows, world=2)
+
+
+def test_readme_memory_table_is_the_scripts():
+    assert "python benchmarks/full_scale.py --memory-table" in cpu_commands()
+    assert full_scale.memory_table() in full_scale_section()
+
+
+def expected_bytes(c: dict, world: int) -> int:
+    """Weights of one rank from the architecture, written out independently of the model code."""
+    H, L, hd, V = c["hidden_size"], c["num_hidden_layers"], c["head_dim"], c["vocab_size"]
+    nq, nkv, E = c["num_attention_heads"], c["num_key_value_heads"], c["num_experts"]
+    kv_local = nkv // world if nkv % world == 0 else 1
+    attention = H * (nq // world + 2 * kv_local) * hd + (nq // world) * hd * H + 2 * hd + 2 * H  # + 4 norms
+    dense = 3 * H * c["intermediate_size"] // world
+    moe = (E // world) * 3 * H * c["moe_intermediate_size"] + 3 * H * c["moe_intermediate_size"] // world
+    router = E * H + E  # float32: 2 extra bytes per value
+    layers = L * attention + dense + (L - 1) * moe + 2 * V * H + H
+    return 2 * (layers + (L - 1) * router) + 2 * (L - 1) * router
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", ["mini", "flash"])
+def test_memory_per_rank_matches_the_architecture(shape, world):
+    got = full_scale.memory_per_rank(shape, world)["weights_gb"] * 1e9
+    assert got == pytest.approx(expected_bytes(full_scale.SHAPES[shape], world), rel=1e-9)
+
+
+def test_published_sizes():
+    """DESIGN.md §3: mini 16.26B parameters (~32.5 GB bf16), flash 102.9B (~206 GB)."""
+    for shape, params, gb in (("mini", 16.26e9, 32.5), ("flash", 102.9e9, 205.8)):
+        with torch.device("meta"):
+            n = sum(p.numel() for p in full_scale.LLaDA2MoeModelLM(full_scale.config(shape)).parameters())
+        assert n == pytest.approx(params, rel=1e-3)
+        assert full_scale.memory_per_rank(shape, 1)["weights_gb"] == pytest.approx(gb, rel=1e-3)
+
+
+def test_cpu_machine_refuses_the_full_shapes():
+    if torch.cuda.is_available():
+        pytest.skip("this check is about machines without CUDA")
+    proc = run_bounded([sys.executable, "benchmarks/full_scale.py", "--shape", "mini"])
+    assert proc.returncode == 2 and "--shape mini: needs CUDA" in proc.stderr
