@@ -57,7 +57,7 @@ def run(random_checkpoint: str | Path, tp: TensorParallel | None = None) -> dict
         for kv in (True, False):
             result = decode(model, [case["prompt_ids"]], case_policy(case), case["gen_length"], kv_cache=kv, record=True)
             out[f"{case['name']} kv={kv}"] = [result.rows[0].tokens, result.rows[0].nfe]
-            out["failures"] += compare(case, observed(case, result))[0]
+            out["failures"] += compare(case, observed(case, result, spec["mask_id"]))[0]
     model = load_model(random_checkpoint, tp=tp)
     for name, policy in POLICIES.items():
         result = decode(model, PROMPTS, policy, 12, seed=3)
