@@ -16,7 +16,7 @@ from dlm_toolkit.tasks.sudoku import (
     naked_single_rounds,
 )
 
-SYNTHETIC = ("add", "sort", "sudoku")
+SYNTHETIC = ("add", "sort", "sudoku", "tiesort", "either")
 
 
 def _pairs(insts: list[Instance]) -> list[tuple[str, str]]:
@@ -25,7 +25,7 @@ def _pairs(insts: list[Instance]) -> list[tuple[str, str]]:
 
 # ----------------------------------------------------------------------------- registry / args
 def test_registry_and_unknown_name_lists_available() -> None:
-    assert set(TASKS) == {"add", "sort", "sudoku", "humaneval"}
+    assert set(TASKS) == {"add", "sort", "sudoku", "humaneval", "tiesort", "either"}
     for name, cls in TASKS.items():
         assert cls.name == name
     with pytest.raises(ValueError) as err:
@@ -279,3 +279,64 @@ def test_sudoku_verifier_alternative_solutions_only_when_consistent() -> None:
     bads = [wrong, ref[:80], ref + "1", ref.replace(ref[0], "0"), ref[:40] + "." + ref[41:]]
     for bad in [*bads, other, ""]:
         assert task.score(inst, bad) == 0.0, bad
+
+
+# ----------------------------------------------------------------------------- tiesort / either
+def _brute_valid_tiesort(items: list[str]) -> set[str]:
+    """Every valid answer, by enumerating the orders inside each tie group (an independent check)."""
+    from itertools import permutations, product
+
+    groups = [[it for it in items if it[1] == d] for d in sorted({it[1] for it in items})]
+    return {",".join(x for part in combo for x in part) for combo in product(*(list(permutations(g)) for g in groups))}
+
+
+def test_tiesort_accepts_exactly_the_valid_orders() -> None:
+    task = get_task("tiesort", min_len=5, max_len=6, digits=2)
+    for inst in task.instances(20, seed=3, split="eval"):
+        items = inst.meta["items"]
+        valid = _brute_valid_tiesort(items)
+        assert len(valid) >= 2 and inst.reference in valid  # several correct answers
+        for answer in valid:
+            assert task.score(inst, answer) == 1.0
+        rng = random.Random(0)
+        for _ in range(30):  # random permutations: valid iff in the brute-force set
+            perm = rng.sample(items, len(items))
+            assert task.score(inst, ",".join(perm)) == float(",".join(perm) in valid)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda a: a.replace(",", ";"),                       # wrong separator
+    lambda a: a + "," + a.split(",")[0],                 # an item twice
+    lambda a: ",".join(a.split(",")[:-1]),               # an item missing
+    lambda a: a[:1].upper() + a[1:],                     # an item not in the prompt
+    lambda a: ",".join(reversed(a.split(","))),          # digits decreasing
+    lambda a: "",                                        # empty
+    lambda a: "\x00<|mask|>" * 3,                        # garbage
+])
+def test_tiesort_rejects_invalid_answers(mutate) -> None:
+    task = get_task("tiesort")
+    for inst in task.instances(10, seed=1, split="eval"):
+        if len({it[1] for it in inst.meta["items"]}) < 2:
+            continue  # one tie group: reversed is still valid
+        assert task.score(inst, mutate(inst.reference)) == 0.0
+
+
+def test_either_accepts_both_strings_and_nothing_else() -> None:
+    task = get_task("either")
+    insts = task.instances(50, seed=2, split="eval")
+    assert {i.reference == i.meta["options"][0] for i in task.instances(50, seed=2, split="train")} == {True, False}
+    for inst in insts:
+        a, b = inst.meta["options"]
+        assert 24 <= len(a) == len(b) <= 32 and sum(x != y for x, y in zip(a, b)) >= 2
+        assert task.score(inst, a) == task.score(inst, b) == 1.0
+        first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        mixed = a[: first + 1] + b[first + 1 :]  # a's choice at the first difference, b's after
+        for bad in (mixed, a[:-1], a + "x", a.upper(), "", "|".join((a, b))):
+            assert task.score(inst, bad) == 0.0
+
+
+def test_new_tasks_have_long_answers_and_chance_zero() -> None:
+    for name in ("tiesort", "either"):
+        task = get_task(name)
+        assert 24 <= task.answer_length <= 96
+        assert task.chance_score(n=300) == 0.0

@@ -5,7 +5,8 @@
 >>> task.score(inst, inst.reference)
 1.0
 
-Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval`` (see :data:`TASKS`). Every task's
+Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``, and two tasks with many correct,
+strongly coupled answers: ``tiesort`` and ``either`` (see :data:`TASKS`). Every task's
 train and eval splits are disjoint by construction (see :mod:`dlm_toolkit.tasks.base`). Chance
 level (random guessing) is ~0 for all of them; :meth:`Task.chance_score` measures it.
 """
@@ -16,25 +17,29 @@ from typing import Any
 
 from .add import AddTask
 from .base import Instance, Split, Task, split_of
+from .either import EitherTask
 from .humaneval import HumanEvalTask
 from .sort import SortTask
 from .sudoku import SudokuTask
+from .tiesort import TieSortTask
 
 __all__ = [
     "TASKS",
     "AddTask",
+    "EitherTask",
     "HumanEvalTask",
     "Instance",
     "SortTask",
     "Split",
     "SudokuTask",
     "Task",
+    "TieSortTask",
     "get_task",
     "split_of",
 ]
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask)
+    cls.name: cls for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask)
 }
 """Task name -> task class."""
 

@@ -1,0 +1,63 @@
+"""Copy either: ``"either:abcde|abxdy="`` -> ``"abcde"`` or ``"abxdy"`` (verified).
+
+The answer is one of two given strings, whole. Where the two agree every position is certain;
+where they differ each position alone is a coin flip, yet all of them must follow the same
+choice. Committing several differing positions at once from per-position marginals mixes the
+two strings — an answer that is neither.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+from .base import Instance, Split, Task
+
+__all__ = ["EitherTask"]
+
+
+class EitherTask(Task):
+    """Copy one of two lowercase strings of ``min_len..max_len`` (default 24..32) letters.
+
+    The second string is the first with each position replaced, with probability ``differ``
+    (default 0.35), by another letter (at least two positions differ). The training reference is
+    either string at random; :meth:`score` accepts exactly the two strings (trailing whitespace
+    stripped); a mixture, a prefix or malformed text scores 0.
+
+    The canonical key for the train/eval split is the unordered pair.
+    """
+
+    name = "either"
+    description = "copy either of two strings whole, e.g. either:abcd|abxd=abxd"
+    metric_name = "valid_answer"
+    answer_alphabet = string.ascii_lowercase
+
+    def __init__(self, min_len: int = 24, max_len: int = 32, differ: float = 0.35) -> None:
+        if not 2 <= min_len <= max_len:
+            raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
+        if not 0.0 < differ <= 1.0:
+            raise ValueError(f"differ must be in (0, 1], got {differ}")
+        self.min_len, self.max_len, self.differ = min_len, max_len, differ
+        self.answer_length = max_len
+
+    def _sample(self, rng: random.Random, split: Split) -> Instance:
+        n = rng.randint(self.min_len, self.max_len)
+        a = [rng.choice(string.ascii_lowercase) for _ in range(n)]
+        b = list(a)
+        while sum(x != y for x, y in zip(a, b)) < 2:
+            b = [rng.choice([c for c in string.ascii_lowercase if c != x]) if rng.random() < self.differ else x for x in a]
+        options = ["".join(a), "".join(b)]
+        return Instance(prompt=f"either:{options[0]}|{options[1]}=", reference=rng.choice(options),
+                        meta={"options": options})
+
+    def _options(self, instance: Instance) -> list[str]:
+        return instance.prompt.removeprefix("either:").rstrip("=").split("|")
+
+    def canonical_key(self, instance: Instance) -> str:
+        return "|".join(sorted(self._options(instance)))
+
+    def score(self, instance: Instance, completion: str) -> float:
+        return float(completion.rstrip() in self._options(instance))
+
+    def __repr__(self) -> str:
+        return f"EitherTask(min_len={self.min_len}, max_len={self.max_len}, differ={self.differ})"
