@@ -111,3 +111,43 @@ def test_outside_torchrun_nothing_is_initialised(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(ValueError, match="WORLD_SIZE: must be an integer, got 'two'"):
         init_from_env("cpu")
+
+
+def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
+    """Sharded tensors are read through ``get_slice`` (only those bytes), never whole; other ranks'
+    experts are not read at all."""
+    import dlm_toolkit.models.checkpoint as checkpoint
+
+    save_model(tiny_llada2(2), tmp_path)
+    whole, sliced = [], []
+    real = checkpoint.safe_open
+
+    class Spy:
+        def __init__(self, *args, **kwargs):
+            self.f = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_slice(self, key):
+            sliced.append(key)
+            return self.f.get_slice(key)
+
+        def get_tensor(self, key):
+            whole.append(key)
+            return self.f.get_tensor(key)
+
+    monkeypatch.setattr(checkpoint, "safe_open", Spy)
+    model = load_model(tmp_path, tp=TensorParallel(1, 2))
+    assert "model.layers.0.attention.query_key_value.weight" not in whole
+    assert not any(k.endswith(("dense.weight", "shared_experts.up_proj.weight")) or ".mlp.down_proj" in k for k in whole)
+    experts_read = {k.split(".experts.")[1].split(".")[0] for k in whole if ".experts." in k}
+    assert experts_read == {"4", "5", "6", "7"}
+    assert "model.word_embeddings.weight" in whole and model.tp.rank == 1
