@@ -10,7 +10,7 @@ import tp_worker
 from tp_worker import DLM, TORCHRUN, run_bounded
 
 from dlm_toolkit.distributed import init_from_env, is_main_process
-from dlm_toolkit.models import LLaDA2MoeModelLM, TensorParallel, load_model, save_model
+from dlm_toolkit.models import CheckpointError, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 from dlm_toolkit.models.llada2 import rope_cos_sin
 from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
 
@@ -151,3 +151,11 @@ def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
     experts_read = {k.split(".experts.")[1].split(".")[0] for k in whole if ".experts." in k}
     assert experts_read == {"4", "5", "6", "7"}
     assert "model.word_embeddings.weight" in whole and model.tp.rank == 1
+
+
+def test_a_rank_missing_a_shard_file_gets_one_clear_error(tmp_path):
+    save_model(tiny_llada2(2), tmp_path, max_shard_bytes=20_000)
+    shards = sorted(tmp_path.glob("model-*-of-*.safetensors"))
+    shards[-1].unlink()
+    with pytest.raises(CheckpointError, match=rf"shards listed but not found \(1\): {shards[-1].name}"):
+        load_model(tmp_path, tp=TensorParallel(1, 2))
