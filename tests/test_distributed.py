@@ -159,3 +159,14 @@ def test_a_rank_missing_a_shard_file_gets_one_clear_error(tmp_path):
     shards[-1].unlink()
     with pytest.raises(CheckpointError, match=rf"shards listed but not found \(1\): {shards[-1].name}"):
         load_model(tmp_path, tp=TensorParallel(1, 2))
+
+
+def test_eval_on_a_non_main_rank_tracks_nothing(tmp_path, monkeypatch, capsys):
+    """Under torchrun every rank computes the same result; only rank 0 logs it to MLflow."""
+    from dlm_toolkit.cli import main
+
+    monkeypatch.setenv("RANK", "1")
+    db = tmp_path / "mlflow.db"
+    assert main(["eval", "--checkpoint", str(REPO / "checkpoints/testbed-editable"), "--task", "add", "--n", "2",
+                 "--seed", "0", "--json", "--no-progress", "--tracking-uri", f"sqlite:///{db}"]) == 0
+    assert json.loads(capsys.readouterr().out)["mlflow_run_id"] is None and not db.exists()
