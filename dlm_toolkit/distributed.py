@@ -2,7 +2,7 @@
 
 The launch line is the ordinary one::
 
-    torchrun --nproc-per-node 4 --no-python dlm decode --checkpoint FLASH --device cuda ...
+    torchrun --nproc-per-node 4 --no-python -- dlm decode --checkpoint FLASH --device cuda ...
 
 Every rank loads only its shard of the model (attention heads, dense/shared MLP slices, a range of
 routed experts; see :class:`dlm_toolkit.models.llada2.TensorParallel`) and the layers all-reduce

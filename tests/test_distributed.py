@@ -10,7 +10,7 @@ import tp_worker
 from tp_worker import DLM, TORCHRUN, run_bounded
 
 from dlm_toolkit.distributed import init_from_env, is_main_process
-from dlm_toolkit.models import LLaDA2MoeModelLM, TensorParallel, load_model, save_model
+from dlm_toolkit.models import CheckpointError, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 from dlm_toolkit.models.llada2 import rope_cos_sin
 from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
 
@@ -52,35 +52,39 @@ def test_world_size_that_does_not_divide_the_model_fails_on_every_rank():
 # -- shards in one process ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize(("world", "dtype"), [(2, torch.float32), (4, torch.float32), (2, torch.bfloat16)])
 @torch.no_grad()
-def test_rank_shards_sum_to_the_whole_sublayers(tmp_path, world):
-    """Each sub-layer's partial outputs over the ranks add up to the single-device output (the
-    all-reduce's job), for split KV heads (world 2) and replicated ones (world 4 > 2 KV heads)."""
+def test_rank_shards_sum_to_the_whole_sublayers(tmp_path, world, dtype):
+    """Each sub-layer's partial outputs over the ranks add up (in float32, as the all-reduce adds)
+    to the single-device output, for split KV heads (world 2) and replicated ones (world 4 > 2 KV
+    heads); in bf16 within bf16 rounding."""
     cfg = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=4, num_experts=8, num_experts_per_tok=2,
                n_group=4, topk_group=2, intermediate_size=48, num_hidden_layers=2)
     save_model(tiny_llada2(11, **cfg), tmp_path)
-    full = load_model(tmp_path)
-    shards = [load_model(tmp_path, tp=TensorParallel(r, world)) for r in range(world)]
+    full = load_model(tmp_path, dtype=dtype)
+    shards = [load_model(tmp_path, dtype=dtype, tp=TensorParallel(r, world)) for r in range(world)]
     kv = [s.tp.kv_heads(2) for s in shards]
     assert kv == ([(0, 1), (1, 2)] if world == 2 else [(0, 1), (0, 1), (1, 2), (1, 2)])
     assert all(s.model.layers[0].attention.nkv == 1 and s.model.layers[0].attention.nq == 8 // world for s in shards)
-    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
     pos = torch.arange(6).expand(2, 6)
-    cos, sin = rope_cos_sin(pos, full.config.rotary_dim, full.config.rope_theta, torch.float32)
+    cos, sin = rope_cos_sin(pos, full.config.rotary_dim, full.config.rope_theta, dtype)
     mask = (torch.arange(6)[None, :] // 3 <= torch.arange(6)[:, None] // 3).expand(2, 1, 6, 6)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+
+    def close(parts, whole):
+        total = sum(p.float() for p in parts).to(dtype)
+        return (total.float() - whole.float()).abs().max() <= tol * whole.float().abs().max()
+
     for layer in range(2):
         whole = full.model.layers[layer]
         parts = [s.model.layers[layer] for s in shards]
-        attn = sum(p.attention(x, cos, sin, mask) for p in parts)
-        assert (attn - whole.attention(x, cos, sin, mask)).abs().max() < 1e-5
+        assert close([p.attention(x, cos, sin, mask) for p in parts], whole.attention(x, cos, sin, mask))
         if layer == 0:
-            mlp = sum(p.mlp(x) for p in parts)
-            assert (mlp - whole.mlp(x)).abs().max() < 1e-5
+            assert close([p.mlp(x) for p in parts], whole.mlp(x))
         else:
             for impl in ("grouped", "reference"):
-                moe = sum(s.set_moe_impl(impl).model.layers[1].mlp(x) for s in shards)
-                assert (moe - whole.mlp(x)).abs().max() < 1e-5, impl
+                assert close([s.set_moe_impl(impl).model.layers[1].mlp(x) for s in shards], whole.mlp(x)), impl
     experts = [s.model.layers[1].mlp.experts for s in shards]
     assert [e.first for e in experts] == [r * 8 // world for r in range(world)]
     assert all(e.gate_proj.shape[0] == 8 // world for e in experts)
@@ -111,3 +115,62 @@ def test_outside_torchrun_nothing_is_initialised(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(ValueError, match="WORLD_SIZE: must be an integer, got 'two'"):
         init_from_env("cpu")
+
+
+def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
+    """Sharded tensors are read through ``get_slice`` (only those bytes), never whole; other ranks'
+    experts are not read at all."""
+    import dlm_toolkit.models.checkpoint as checkpoint
+
+    save_model(tiny_llada2(2), tmp_path)
+    whole, sliced = [], []
+    real = checkpoint.safe_open
+
+    class Spy:
+        def __init__(self, *args, **kwargs):
+            self.f = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_slice(self, key):
+            sliced.append(key)
+            return self.f.get_slice(key)
+
+        def get_tensor(self, key):
+            whole.append(key)
+            return self.f.get_tensor(key)
+
+    monkeypatch.setattr(checkpoint, "safe_open", Spy)
+    model = load_model(tmp_path, tp=TensorParallel(1, 2))
+    assert "model.layers.0.attention.query_key_value.weight" not in whole
+    assert not any(k.endswith(("dense.weight", "shared_experts.up_proj.weight")) or ".mlp.down_proj" in k for k in whole)
+    experts_read = {k.split(".experts.")[1].split(".")[0] for k in whole if ".experts." in k}
+    assert experts_read == {"4", "5", "6", "7"}
+    assert "model.word_embeddings.weight" in whole and model.tp.rank == 1
+
+
+def test_a_rank_missing_a_shard_file_gets_one_clear_error(tmp_path):
+    save_model(tiny_llada2(2), tmp_path, max_shard_bytes=20_000)
+    shards = sorted(tmp_path.glob("model-*-of-*.safetensors"))
+    shards[-1].unlink()
+    with pytest.raises(CheckpointError, match=rf"shards listed but not found \(1\): {shards[-1].name}"):
+        load_model(tmp_path, tp=TensorParallel(1, 2))
+
+
+def test_eval_on_a_non_main_rank_tracks_nothing(tmp_path, monkeypatch, capsys):
+    """Under torchrun every rank computes the same result; only rank 0 logs it to MLflow."""
+    from dlm_toolkit.cli import main
+
+    monkeypatch.setenv("RANK", "1")
+    db = tmp_path / "mlflow.db"
+    assert main(["eval", "--checkpoint", str(REPO / "checkpoints/testbed-editable"), "--task", "add", "--n", "2",
+                 "--seed", "0", "--json", "--no-progress", "--tracking-uri", f"sqlite:///{db}"]) == 0
+    assert json.loads(capsys.readouterr().out)["mlflow_run_id"] is None and not db.exists()

@@ -31,10 +31,7 @@ def argv(command: str) -> list[str]:
     """A README line as this test machine runs it: ``torchrun`` and ``python`` from this venv."""
     words = shlex.split(command)
     if words[0] == "torchrun":
-        words = [*TORCHRUN, *words[1:]]
-        if "--no-python" in words:
-            i = words.index("--no-python") + 1
-            words[i] = DLM if words[i] == "dlm" else words[i]
+        words = [*TORCHRUN, *[DLM if w == "dlm" else w for w in words[1:]]]
     elif words[0] == "python":
         words = [sys.executable, *words[1:]]
     return words
@@ -48,14 +45,25 @@ def records(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.strip().splitlines()]
 
 
-def test_readme_torchrun_decode_prints_once_the_single_process_result(capsys):
-    line = command("torchrun --standalone --nproc-per-node 2 --no-python dlm decode")
+def readme_torchrun_vs_single(line: str, capsys) -> tuple[dict, dict]:
+    """(what the README's 2-rank line prints, what the same dlm command prints in this process)"""
     proc = run_bounded(argv(line))
     assert proc.returncode == 0, proc.stderr[-3000:]
     [both] = records(proc.stdout)  # one line: rank 1 is quiet
-    assert main(shlex.split(line)[6:]) == 0
-    single = json.loads(capsys.readouterr().out)
+    words = shlex.split(line)
+    assert main(words[words.index("dlm") + 1:]) == 0
+    return both, json.loads(capsys.readouterr().out)
+
+
+def test_readme_torchrun_decode_prints_once_the_single_process_result(capsys):
+    both, single = readme_torchrun_vs_single(command("torchrun --standalone --nproc-per-node 2 --no-python -- dlm decode"), capsys)
     assert (both["tokens"], both["nfe"]) == (single["tokens"], single["nfe"])
+
+
+def test_readme_torchrun_eval_equals_single_process(capsys):
+    both, single = readme_torchrun_vs_single(command("torchrun --standalone --nproc-per-node 2 --no-python -- dlm eval"), capsys)
+    for key in ("accuracy", "nfe_mean", "tpf", "edits_per_token", "forward_tokens_per_token", "n"):
+        assert both[key] == single[key], key
 
 
 def check_records(rows: list[dict], world: int) -> None:

@@ -149,12 +149,15 @@ class TensorParallel:
         return lo, lo + 1
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the ranks in place (identity on one rank)."""
-        if self.world > 1:
-            import torch.distributed as dist
+        """``t`` summed over the ranks (``t`` itself on one rank). The sum is taken in float32: each
+        partial is then rounded once, as a single device rounds its one matmul output once."""
+        if self.world == 1:
+            return t
+        import torch.distributed as dist
 
-            dist.all_reduce(t, group=self.group)
-        return t
+        total = t.float()
+        dist.all_reduce(total, group=self.group)
+        return total.to(t.dtype)
 
 
 SINGLE = TensorParallel()

@@ -36,7 +36,7 @@ def tiny_llada2(seed: int = 0, logit_scale: float = 30.0, keep_mask_row: bool = 
         model.lm_head.weight.mul_(logit_scale)
         if not keep_mask_row:
             model.lm_head.weight[model.mask_token_id].zero_()
-        for name, p in model.named_parameters():
+        for name, p in model.named_buffers():  # expert_bias is a buffer, not a parameter
             if name.endswith("expert_bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     return model.eval()
