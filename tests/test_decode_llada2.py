@@ -134,6 +134,6 @@ def test_mask_conformance_cases_pass_with_exact_counts(capsys):
     folder = Path(__file__).resolve().parents[1] / "conformance" / "llada2_mask"
     assert main(["conformance", str(folder)]) == 0
     out = capsys.readouterr().out
-    assert "20 decodes (10 cases x 2 KV modes): 48 expected values and 446 traced forwards compared" in out
+    assert "20 decodes (10 cases x 2 KV modes): 48 expected values and 458 traced forwards compared" in out
     kinds = [c["exercises"][0] for c in json.loads((folder / "cases.json").read_text())["cases"]]
     assert {k: kinds.count(k) for k in set(kinds)} == {"exact": 4, "mask_decides": 3, "mask_drawn": 3}
