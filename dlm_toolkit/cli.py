@@ -179,11 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_strategies)
 
+    from dlm_toolkit.compare import register as register_compare
     from dlm_toolkit.sweep.cli import register as register_sweep
     from dlm_toolkit.training_cli import register as register_train
 
     register_sweep(sub)
     register_train(sub)
+    register_compare(sub)
     return parser
 
 

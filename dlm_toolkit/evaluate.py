@@ -34,6 +34,17 @@ class EvalResult:
     metrics: dict[str, float]
     records: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def accuracy_interval(self) -> tuple[float, float]:
+        """95 % Wilson interval of the accuracy (see :mod:`dlm_toolkit.stats`)."""
+        from dlm_toolkit.stats import wilson
+
+        return wilson(sum(r["score"] for r in self.records), len(self.records))
+
+    def outcomes(self) -> list[dict[str, Any]]:
+        """Per-instance outcomes in instance order: ``score``, ``nfe``, ``tokens``, ``edits``."""
+        return [{k: r[k] for k in ("score", "nfe", "tokens", "edits")} for r in self.records]
+
 
 def evaluate(
     model: DiffusionLM,
@@ -74,6 +85,7 @@ def evaluate(
 def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any, n: int, seed: int, batch_size: int,
               kv_cache: bool, progress: bool, on_batch: Callable[[int, dict[str, float]], None] | None) -> EvalResult:
     task = get_task(task) if isinstance(task, str) else task
+    check_n(task, n)
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
     instances = task.instances(n, seed, "eval")
     prompts = [tokenizer.encode(inst.prompt, add_special_tokens=False) for inst in instances]
@@ -106,6 +118,12 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
             on_batch(len(records), running)
     bar.close()
     return EvalResult(metrics_from(totals, len(records)), records)
+
+
+def check_n(task: Task, n: int) -> None:
+    """Refuse ``n`` beyond the task's eval split (HumanEval has 164 problems, no more)."""
+    if task.eval_size is not None and n > task.eval_size:
+        raise ConfigError(f"n: {n} is more than the {task.eval_size} eval instances task '{task.name}' has")
 
 
 def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:

@@ -72,7 +72,7 @@ def register(sub: Any) -> None:
                        description="Decode N eval instances of a task with a policy and report quality and "
                        "speed (TPF counts generated tokens up to and including the first EOS, per forward).")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder with tokenizer files")
-    p.add_argument("--task", required=True, help="add, sort, sudoku or humaneval")
+    p.add_argument("--task", required=True, help="add, sort, sudoku, humaneval, tiesort or either")
     add_policy_args(p)
     p.add_argument("--n", type=int, required=True, help="number of eval instances")
     p.add_argument("--seed", type=int, default=0)
@@ -227,6 +227,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
 # -- eval --------------------------------------------------------------------------------------
 def cmd_eval(args: argparse.Namespace) -> int:
     from dlm_toolkit.cli import policy_from_args
+    from dlm_toolkit.evaluate import check_n
     from dlm_toolkit.tasks import get_task
 
     if args.n <= 0:
@@ -234,6 +235,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
     task = get_task(args.task)
+    check_n(task, args.n)  # before the model loads
     policy = policy_from_args(args)
     if not Path(args.checkpoint).is_dir():
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
@@ -258,13 +260,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               args.experiment_name, seed=args.seed, n=args.n)
     m = result.metrics
     if args.json:
-        print(json.dumps({**m, "task": task.name, "metric_name": task.metric_name, "seed": args.seed,
+        print(json.dumps({**m, "accuracy_interval": list(result.accuracy_interval), "task": task.name,
+                          "metric_name": task.metric_name, "seed": args.seed,
                           "batch_size": args.batch_size, "checkpoint": str(args.checkpoint),
                           "policy_hash": policy.config_hash(), "policy": policy.model_dump(mode="json"),
-                          "mlflow_run_id": run_id}))
+                          "mlflow_run_id": run_id, "instances": result.outcomes()}))
     else:
-        print(f"accuracy          {m['accuracy']:.4f}  ({task.metric_name} on {m['n']} {task.name} eval "
-              f"instances, seed {args.seed})")
+        lo, hi = result.accuracy_interval
+        print(f"accuracy          {m['accuracy']:.4f}  [{lo:.4f}, {hi:.4f}] 95 % Wilson ({task.metric_name} on "
+              f"{m['n']} {task.name} eval instances, seed {args.seed})")
         print(f"tpf               {m['tpf']:.3f}  (generated tokens up to and including the first EOS, per forward)")
         print(f"nfe_mean          {m['nfe_mean']:.2f}")
         print(f"tokens_per_second {m['tokens_per_second']:.1f}")

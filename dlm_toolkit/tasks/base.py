@@ -75,6 +75,7 @@ class Task(ABC):
     description: ClassVar[str]
     metric_name: ClassVar[str] = "exact_match"
     answer_alphabet: ClassVar[str] = ""
+    eval_size: ClassVar[int | None] = None  # distinct eval instances; None: generated without limit
     answer_length: int
     _parallel_scoring: ClassVar[bool] = False  # score_batch uses threads (subprocess scoring)
 

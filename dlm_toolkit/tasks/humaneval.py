@@ -72,6 +72,8 @@ class HumanEvalTask(Task):
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
 
+    eval_size = NUM_PROBLEMS
+
     def instances(self, n: int, seed: int, split: Split) -> list[Instance]:
         """``min(n, 164)`` problems in file order; for ``n < 164`` a subset drawn with ``seed``.
 

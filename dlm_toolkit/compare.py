@@ -1,0 +1,81 @@
+"""``dlm compare``: two policies on the same eval instances, with the paired difference.
+
+Both policies decode the same ``n`` instances (same seed, so the same per-instance random
+streams); the comparison is instance by instance (:func:`dlm_toolkit.stats.compare_outcomes`):
+exact McNemar for accuracy, paired bootstrap intervals for the accuracy and TPF differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dlm_toolkit.config import ConfigError
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from dlm_toolkit.cli import load_for_args, parse_sets
+    from dlm_toolkit.evaluate import check_n, evaluate
+    from dlm_toolkit.config import load_policy
+    from dlm_toolkit.stats import compare_outcomes
+    from dlm_toolkit.tasks import get_task
+
+    if args.n <= 0:
+        raise ConfigError(f"--n: must be >= 1 (got {args.n})")
+    if args.n_boot < 100:
+        raise ConfigError(f"--n-boot: must be >= 100 (got {args.n_boot})")
+    task = get_task(args.task)
+    check_n(task, args.n)
+    policies = {"a": load_policy(args.a, parse_sets(args.set_a)), "b": load_policy(args.b, parse_sets(args.set_b))}
+    if not Path(args.checkpoint).is_dir():
+        raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
+    model, tokenizer = load_for_args(args, args.checkpoint)
+    results = {k: evaluate(model, tokenizer, task, p, args.n, args.seed, batch_size=args.batch_size,
+                           progress=not args.no_progress, threads=args.threads) for k, p in policies.items()}
+    cmp = compare_outcomes(results["a"].records, results["b"].records, n_boot=args.n_boot, seed=args.seed)
+    if args.json:
+        out = {"task": task.name, "n": args.n, "seed": args.seed, "checkpoint": str(args.checkpoint),
+               "a": {"source": args.a, "policy_hash": policies["a"].config_hash(),
+                     "accuracy_interval": list(results["a"].accuracy_interval), **results["a"].metrics},
+               "b": {"source": args.b, "policy_hash": policies["b"].config_hash(),
+                     "accuracy_interval": list(results["b"].accuracy_interval), **results["b"].metrics},
+               "paired": cmp.to_dict()}
+        print(json.dumps(out))
+        return 0
+    print(f"{task.name}, {args.n} eval instances (seed {args.seed}); B minus A, 95 % intervals")
+    for k in ("a", "b"):
+        m, (lo, hi) = results[k].metrics, results[k].accuracy_interval
+        print(f"  {k.upper()} {getattr(args, k):<24} accuracy {m['accuracy']:.4f} [{lo:.4f}, {hi:.4f}]  tpf {m['tpf']:.3f}")
+    lo, hi = cmp.accuracy_diff_interval
+    verdict = "differs" if cmp.accuracy_differs else "no significant difference"
+    print(f"  accuracy  {cmp.accuracy_diff:+.4f} [{lo:+.4f}, {hi:+.4f}]  McNemar p={cmp.mcnemar_p:.4g} "
+          f"({cmp.only_a} right under A only, {cmp.only_b} under B only): {verdict}")
+    lo, hi = cmp.tpf_diff_interval
+    verdict = "differs" if cmp.tpf_differs else "no significant difference"
+    print(f"  tpf       {cmp.tpf_diff:+.3f} [{lo:+.3f}, {hi:+.3f}]  paired bootstrap: {verdict}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``compare`` subcommand."""
+    from dlm_toolkit.cli import add_runtime_args
+
+    p = sub.add_parser("compare", help="two policies on the same instances: paired differences with intervals",
+                       description="Evaluate policies A and B on the same eval instances and report the paired "
+                       "difference in accuracy (exact McNemar test, bootstrap interval) and TPF (paired bootstrap).")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder with tokenizer files")
+    p.add_argument("--task", required=True, help="add, sort, sudoku, humaneval, tiesort or either")
+    p.add_argument("--a", default="llada2.1-q", help="policy A: preset name or policy file (default llada2.1-q)")
+    p.add_argument("--b", default="llada2.1-s", help="policy B: preset name or policy file (default llada2.1-s)")
+    p.add_argument("--set-a", action="append", metavar="KEY=VALUE", help="override in policy A, repeatable")
+    p.add_argument("--set-b", action="append", metavar="KEY=VALUE", help="override in policy B, repeatable")
+    p.add_argument("--n", type=int, required=True, help="number of eval instances")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true")
+    add_runtime_args(p)
+    p.set_defaults(func=cmd_compare)
+    return p
