@@ -252,6 +252,42 @@ def test_pareto_cli_table_json_and_logging(swept, capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_trials_store_outcomes_and_the_front_marks_ties(swept, capsys):
+    from dlm_toolkit.sweep.pareto import decode_outcomes, summarize
+    from dlm_toolkit.stats import mcnemar_exact
+
+    study = load_study(swept["storage"], "t")
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    for t in done:
+        bits = decode_outcomes(t.user_attrs["outcomes"])
+        assert len(bits) == t.user_attrs["metrics"]["n"] and sum(bits) / len(bits) == t.user_attrs["metrics"]["accuracy"]
+        assert len(t.user_attrs["outcomes"]) <= 1024
+    summary = summarize(study)
+    q = summary.presets["llada2.1-q"]
+    for p in summary.front:
+        a, b = decode_outcomes(p.outcomes), decode_outcomes(q.outcomes)
+        pval = mcnemar_exact(sum(x and not y for x, y in zip(a, b)), sum(y and not x for x, y in zip(a, b)))
+        want = None if p.trial == q.trial or pval < 0.05 else pval
+        assert summary.ties(p)["llada2.1-q"] == want
+    row = summary.rows()[0]
+    assert {"tied_accuracy llada2.1-q", "tied_accuracy llada2.1-s"} <= set(row)
+
+
+def test_outcomes_round_trip_and_ties_by_hand():
+    from dlm_toolkit.sweep.pareto import TrialPoint, decode_outcomes, encode_outcomes, tied_accuracy
+
+    scores = [1, 0, 0.5, 0.49, 1, 1, 0, 0, 0, 1, 1]
+    assert decode_outcomes(encode_outcomes(scores)) == [s >= 0.5 for s in scores]
+    assert decode_outcomes(encode_outcomes([0.0] * 5)) == [False] * 5 and decode_outcomes(encode_outcomes([])) == []
+    assert len(encode_outcomes([1.0] * 256)) <= 70
+    a = TrialPoint(0, {}, outcomes=encode_outcomes([1] * 20))
+    b = TrialPoint(1, {}, outcomes=encode_outcomes([1] * 14 + [0] * 6))  # 6 discordant, all for a: p = 2/64
+    c = TrialPoint(2, {}, outcomes=encode_outcomes([1] * 18 + [0] * 2))  # 2 discordant: p = 0.5
+    assert tied_accuracy(a, b) is None and tied_accuracy(a, c) == 0.5
+    assert tied_accuracy(a, TrialPoint(3, {}, outcomes=encode_outcomes([1] * 10))) is None  # other instances
+    assert tied_accuracy(a, TrialPoint(4, {})) is None
+
+
 # -- failures and pruning ------------------------------------------------------------------------
 BOOM = '''
 from pydantic import Field

@@ -79,6 +79,36 @@ class TrialPoint:
     params: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
     policy_hash: str | None = None
+    outcomes: str | None = None  # per-instance right/wrong, see :func:`encode_outcomes`
+
+
+def encode_outcomes(scores: Sequence[float]) -> str:
+    """Per-instance right (score >= 0.5) / wrong as ``"<n>:<hex bits>"``: 256 instances take 68
+    characters, so it fits an Optuna user attribute and the trials stay comparable pairwise."""
+    bits = "".join("1" if s >= 0.5 else "0" for s in scores)
+    return f"{len(bits)}:{int(bits, 2):x}" if bits else "0:"
+
+
+def decode_outcomes(text: str) -> list[bool]:
+    """Inverse of :func:`encode_outcomes`."""
+    n, _, hexbits = text.partition(":")
+    count = int(n)
+    return [c == "1" for c in format(int(hexbits or "0", 16), f"0{count}b")] if count else []
+
+
+def tied_accuracy(a: TrialPoint, b: TrialPoint, alpha: float = 0.05) -> float | None:
+    """McNemar p-value of ``a`` vs ``b`` on their shared instances when it does not reject "same
+    accuracy" at ``alpha`` (a statistical tie), else None. None too when either trial has no
+    outcomes or they cover different instance counts."""
+    from dlm_toolkit.stats import mcnemar_exact
+
+    if not a.outcomes or not b.outcomes:
+        return None
+    x, y = decode_outcomes(a.outcomes), decode_outcomes(b.outcomes)
+    if len(x) != len(y):
+        return None
+    p = mcnemar_exact(sum(u and not v for u, v in zip(x, y)), sum(v and not u for u, v in zip(x, y)))
+    return p if p >= alpha else None
 
 
 @dataclass
@@ -105,8 +135,15 @@ class ParetoSummary:
         return {name: (None if pt is None else dominates(self.values(p), self.values(pt), dirs))
                 for name, pt in self.presets.items()}
 
+    def ties(self, p: TrialPoint) -> dict[str, float | None]:
+        """For each preset: the McNemar p-value when ``p``'s accuracy is statistically tied with it
+        (same instances, p >= 0.05), else None (see :func:`tied_accuracy`)."""
+        return {name: (None if pt is None or pt.trial == p.trial else tied_accuracy(p, pt))
+                for name, pt in self.presets.items()}
+
     def rows(self) -> list[dict[str, Any]]:
-        """The front as rows: trial, preset, objective metrics (+ accuracy, tpf), dominates_*, params."""
+        """The front as rows: trial, preset, objective metrics (+ accuracy, tpf), dominates_*,
+        tied_accuracy_* (McNemar p when tied with that preset, else None), params."""
         out = []
         for p in self.front:
             row: dict[str, Any] = {"trial": p.trial, "preset": p.preset}
@@ -114,6 +151,8 @@ class ParetoSummary:
                 row[m] = p.metrics.get(m)
             for name, dom in self.dominates_presets(p).items():
                 row[f"dominates {name}"] = dom
+            for name, tie in self.ties(p).items():
+                row[f"tied_accuracy {name}"] = tie
             row["params"] = p.params
             row["policy_hash"] = p.policy_hash
             out.append(row)
@@ -194,7 +233,7 @@ def summarize(study: Any) -> ParetoSummary:
         for name, value in zip(objectives, t.values or []):
             metrics.setdefault(name, value)
         points.append(TrialPoint(t.number, metrics, dict(t.params), t.user_attrs.get("preset"),
-                                 t.user_attrs.get("policy_hash")))
+                                 t.user_attrs.get("policy_hash"), t.user_attrs.get("outcomes")))
     return summarize_points(study.study_name, objectives, points, counts,
                             preset_names=[preset_label(p) for p in settings.get("presets_to_enqueue") or []])
 
@@ -218,7 +257,7 @@ def _fmt(v: Any) -> str:
 def format_table(summary: ParetoSummary) -> str:
     """The front as a plain-text table plus the summary numbers."""
     metrics = list(dict.fromkeys([*summary.objectives, "accuracy", "tpf"]))
-    head = ["trial", "preset", *metrics, *[f"dom {p}" for p in summary.presets], "params"]
+    head = ["trial", "preset", *metrics, *[f"dom {p}" for p in summary.presets], "tied with", "params"]
     rows = []
     same: dict[str, list[TrialPoint]] = {}  # samplers may propose a policy again: one row per policy
     for p in summary.front:
@@ -227,8 +266,9 @@ def format_table(summary: ParetoSummary) -> str:
         p = next((q for q in group if q.preset), group[0])
         params = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(p.params.items())) if not p.preset else ""
         trial = str(p.trial) + (f" (={','.join(str(q.trial) for q in group if q is not p)})" if len(group) > 1 else "")
+        tied = ",".join(name for name, tie in summary.ties(p).items() if tie is not None)
         rows.append([trial, p.preset or "", *[_fmt(p.metrics.get(m)) for m in metrics],
-                     *[_fmt(d) for d in summary.dominates_presets(p).values()], params])
+                     *[_fmt(d) for d in summary.dominates_presets(p).values()], tied or "-", params])
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     lines = [f"Pareto front of study '{summary.study_name}' ("
              + ", ".join(f"{d} {m}" for m, d in summary.objectives.items())
@@ -253,7 +293,8 @@ def format_table(summary: ParetoSummary) -> str:
         lines.append(f"preset {name} (trial {pt.trial}): accuracy {pt.metrics['accuracy']:.4g}, "
                      f"tpf {pt.metrics['tpf']:.4g}; dominated by "
                      f"{len(dom)} trial(s){' ' + str(dom[:10]) if dom else ''}{sp_text}")
-    lines.append("TPF = generated tokens up to and including the first EOS, per forward.")
+    lines.append("TPF = generated tokens up to and including the first EOS, per forward. 'tied with': the exact "
+                 "McNemar test on the same instances does not tell its accuracy from the preset's (p >= 0.05).")
     return "\n".join(lines)
 
 
@@ -264,14 +305,15 @@ def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
     metric_keys = sorted({k for p in summary.points for k in p.metrics})
     param_keys = sorted({k for p in summary.points for k in p.params})
     head = ["trial", "preset", "on_front", *metric_keys, *[f"dominates {n}" for n in summary.presets],
-            *[f"param {k}" for k in param_keys], "policy_hash"]
+            *[f"tied_accuracy {n}" for n in summary.presets], *[f"param {k}" for k in param_keys], "policy_hash"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
         for p in sorted(summary.points, key=lambda p: p.trial):
-            dom = summary.dominates_presets(p)
+            dom, ties = summary.dominates_presets(p), summary.ties(p)
             w.writerow([p.trial, p.preset or "", p.trial in on_front, *[p.metrics.get(k) for k in metric_keys],
-                        *[dom[n] for n in summary.presets], *[p.params.get(k, "") for k in param_keys],
+                        *[dom[n] for n in summary.presets], *[ties[n] for n in summary.presets],
+                        *[p.params.get(k, "") for k in param_keys],
                         p.policy_hash or ""])
     return path
 
@@ -299,15 +341,20 @@ def plot(summary: ParetoSummary, path: str | Path) -> Path:
         ys = [p.metrics["accuracy"] for p in front]
         ax.step(xs, ys, where="pre", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
         ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
+        _interval_bars(ax, front, "tab:blue")
+        for p in front:
+            ax.annotate(str(p.trial), (p.metrics["tpf"], p.metrics["accuracy"]), textcoords="offset points",
+                        xytext=(3, -10), fontsize=7, color="tab:blue")
     for i, (name, pt) in enumerate(summary.presets.items()):
         if pt is None:
             continue
         ax.scatter([pt.metrics["tpf"]], [pt.metrics["accuracy"]], s=90, marker="*", zorder=5,
                    color=f"C{(i + 1) % 10}", edgecolor="k", label=f"preset {name}")
+        _interval_bars(ax, [pt], f"C{(i + 1) % 10}")
         ax.annotate(name, (pt.metrics["tpf"], pt.metrics["accuracy"]), textcoords="offset points",
                     xytext=(6, 6), fontsize=8)
     ax.set_xlabel("TPF (generated tokens up to first EOS / forward)")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy (bars: 95 % Wilson interval)")
     title = f"{summary.study_name}: speed–quality trade-off"
     if summary.hypervolume is not None:
         title += f"  (HV {summary.hypervolume:.3g})"
@@ -318,6 +365,19 @@ def plot(summary: ParetoSummary, path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _interval_bars(ax: Any, points: Sequence[TrialPoint], color: str) -> None:
+    """Vertical 95 % Wilson intervals of the points' accuracies (points without ``n`` get none)."""
+    from dlm_toolkit.stats import wilson
+
+    pts = [p for p in points if p.metrics.get("n")]
+    if not pts:
+        return
+    lows, highs = zip(*(wilson(p.metrics["accuracy"] * p.metrics["n"], int(p.metrics["n"])) for p in pts))
+    ys = [p.metrics["accuracy"] for p in pts]
+    ax.errorbar([p.metrics["tpf"] for p in pts], ys, yerr=[[y - lo for y, lo in zip(ys, lows)],
+                [hi - y for y, hi in zip(ys, highs)]], fmt="none", ecolor=color, alpha=0.6, capsize=2, zorder=3)
 
 
 def write_all(summary: ParetoSummary, folder: str | Path) -> dict[str, Path]:

@@ -51,7 +51,7 @@ from typing import Any, Iterator, Mapping
 
 from dlm_toolkit.config import ROLES, ConfigError, PolicyConfig, load_policy
 from dlm_toolkit.sweep.experiment import DEFAULT_NSGA2_POPULATION, Experiment, load_experiment
-from dlm_toolkit.sweep.pareto import ParetoSummary, preset_label, summarize
+from dlm_toolkit.sweep.pareto import ParetoSummary, encode_outcomes, preset_label, summarize
 from dlm_toolkit.sweep.tracking import Tracker, TrialRun, check_sqlite_folder, hide_password
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
@@ -342,7 +342,7 @@ class TrialRunner:
         exp = self.exp
         preset = trial.user_attrs.get("preset")
         run: TrialRun | None = None
-        for stale in ("metrics", "pruned_at", "interrupted", "policy", "policy_hash", "mlflow_run_id"):
+        for stale in ("metrics", "outcomes", "pruned_at", "interrupted", "policy", "policy_hash", "mlflow_run_id"):
             if trial.user_attrs.get(stale) is not None:  # a retry inherits its predecessor's attributes
                 trial.set_user_attr(stale, None)
         try:
@@ -376,6 +376,7 @@ class TrialRunner:
                               threads=torch.get_num_threads())  # run_sweep chose this process's share
             metrics = {k: float(v) for k, v in result.metrics.items()}
             trial.set_user_attr("metrics", metrics)
+            trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
             run.log_records(result.records)
             run.finish("FINISHED", "COMPLETE", metrics)
             return [metrics[m] for m in exp.metric_names]
