@@ -82,7 +82,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
         if tokenizer is None:
             raise ConfigError(f"{args.checkpoint} has no tokenizer files: use --prompt-ids instead of --prompt")
         prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
-    result = decode(model, [prompt], policy, args.gen_length, kv_cache=not args.no_kv_cache, seed=args.seed)
+    result = decode(model, [prompt], policy, args.gen_length, kv_cache=not args.no_kv_cache, seed=args.seed,
+                    allow_past_context=args.allow_past_context)
     row = result.rows[0]
     text = tokenizer.decode(row.tokens, skip_special_tokens=True) if tokenizer is not None else None
     if args.json:
@@ -162,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos-id", type=int, help="EOS token id (default: from config.json or the tokenizer)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the prefix every forward")
+    p.add_argument("--allow-past-context", action="store_true",
+                   help="decode even past the model's max_position_embeddings (positions it never saw)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_runtime_args(p)
     p.set_defaults(func=cmd_decode)

@@ -230,10 +230,9 @@ def apply_overrides(policy: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
             continue
         if parts[0] in ROLES and (len(parts) != 3 or parts[1] != "params"):
             raise ConfigError(f"{key}: role keys are '{parts[0]}.name' or '{parts[0]}.params.FIELD'")
-        node = tree.setdefault(parts[0], {})
-        for part in parts[1:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
+        if not isinstance(tree.get(parts[0], {}), dict):
+            raise ConfigError(f"{key}: '{parts[0]}' is a value, not a group")
+        set_dotted(tree, key, value)
     return tree
 
 

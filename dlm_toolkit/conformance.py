@@ -139,7 +139,7 @@ def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, Fals
         spec = json.loads((folder / "cases.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"{folder}: cannot read cases.json: {err}") from None
-    model = load_model(folder, mask_token_id=spec["mask_id"], eos_token_id=spec["eos_id"])
+    model = load_model(folder, mask_token_id=spec["mask_id"], eos_token_id=spec["eos_id"], check_finite=True)
     if "logits_fixture" in spec:
         yield from check_logits(model, folder, spec["logits_fixture"])
     for case in spec["cases"]:

@@ -26,10 +26,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from dlm_toolkit.config import PolicyConfig
+from dlm_toolkit.config import ConfigError, PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.policy import DecodingPolicy, StepChecks, StrategyError
-from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState
+from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
 
@@ -46,6 +46,7 @@ def decode(
     kv_cache: bool = True,
     seed: int | Sequence[int] | None = 0,
     record: bool = False,
+    allow_past_context: bool = False,
 ) -> DecodeResult:
     """Decode a batch of prompts with a policy.
 
@@ -60,10 +61,17 @@ def decode(
             prompt (used as is). Each row has its own stream, so sampling and random rules give a
             row the same tokens whatever batch it is decoded in.
         record: attach a :class:`~dlm_toolkit.trajectory.Trajectory` of every step.
+        allow_past_context: decode even where the canvas (prompt + generation, whole blocks)
+            runs past the model's ``max_position_embeddings``; refused by default, since the
+            model has never seen those positions.
     """
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
     blocks = policy.blocks
     device = model_device(model)
+    validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
+    if not allow_past_context:
+        origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts]), gen_length)
+        check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
     state = DecodeState.start(
         prompts, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size, seed, device
     )
@@ -88,6 +96,18 @@ def decode(
     result = state.result(perf_counter() - start)
     result.trajectory = trajectory
     return result
+
+
+def check_context(model: DiffusionLM, canvas: int, block_length: int, what: str = "the decode") -> None:
+    """Refuse a canvas of ``canvas`` positions past the model's ``max_position_embeddings`` (models
+    without one have no limit)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is not None and canvas > limit:
+        raise ConfigError(
+            f"{what} needs a canvas of {canvas} positions (prompt + gen_length, whole blocks of {block_length}) but "
+            f"the model's context is {limit} (max_position_embeddings); pass allow_past_context=True "
+            "(--allow-past-context) to decode on positions the model never saw"
+        )
 
 
 def ready_rows(ready: torch.Tensor, checks: StepChecks) -> tuple[torch.Tensor, list[int]] | None:

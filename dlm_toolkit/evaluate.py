@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from dlm_toolkit.config import ConfigError, PolicyConfig
-from dlm_toolkit.decode import decode
+from dlm_toolkit.decode import check_context, decode
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.models.llada2 import TensorParallel
 from dlm_toolkit.policy import DecodingPolicy
@@ -90,7 +90,7 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
     instances = task.instances(n, seed, "eval")
     prompts = [tokenizer.encode(inst.prompt, add_special_tokens=False) for inst in instances]
     gen_length = task.answer_length + 1  # room for the EOS
-    check_context(model, max(len(p) for p in prompts) + gen_length, policy, task.name)
+    check_task_context(model, max(len(p) for p in prompts) + gen_length, policy, task.name)
     records: list[dict[str, Any]] = []
     totals = {"tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "forward_tokens": 0, "score": 0.0, "wall": 0.0}
     bar = tqdm(total=n, desc=f"eval {task.name}", disable=not progress, unit="inst")
@@ -145,18 +145,10 @@ def strip_eos(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def check_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task: str) -> None:
+def check_task_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task: str) -> None:
     """Refuse a task whose prompt + answer (rounded up to whole blocks) exceeds the model's context."""
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if limit is None:
-        return
     block = policy.blocks.block_length
-    canvas = -(-needed // block) * block
-    if canvas > limit:
-        raise ConfigError(
-            f"task '{task}' needs a canvas of {canvas} positions (prompt + answer, whole blocks of "
-            f"{block}) but the model's context is {limit} (max_position_embeddings)"
-        )
+    check_context(model, -(-needed // block) * block, block, f"task '{task}'")
 
 
 def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: str | torch.device | None = None,

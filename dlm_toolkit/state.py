@@ -298,10 +298,13 @@ def row_seeds(seed: int | Sequence[int] | None, n: int) -> list[int]:
     return seeds
 
 
+MAX_GEN_LENGTH = 1 << 20  # far past any model's context: a sanity cap checked before any allocation
+
+
 def validate_prompts(prompts: Sequence[Sequence[int]], gen_length: int, mask_token_id: int, vocab_size: int) -> None:
     """Clear errors for what a decode cannot start from."""
-    if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length <= 0:
-        raise ConfigError(f"gen_length: must be an integer >= 1 (got {gen_length!r})")
+    if isinstance(gen_length, bool) or not isinstance(gen_length, int) or not 0 < gen_length <= MAX_GEN_LENGTH:
+        raise ConfigError(f"gen_length: must be an integer in [1, {MAX_GEN_LENGTH}] (got {gen_length!r})")
     if len(prompts) == 0:
         raise ConfigError("prompts: need at least one prompt")
     for r, p in enumerate(prompts):

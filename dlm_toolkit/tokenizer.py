@@ -149,9 +149,25 @@ def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
             f"(found {present or 'nothing'}); create one with "
             "dlm_toolkit.tokenizer.save_tokenizer(build_char_tokenizer(), dir)"
         )
-    tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    tok = _from_folder(path)
     _check(tok)
     return tok
+
+
+# the files ``from_pretrained`` reads from a folder: each must lie inside it
+_READ_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def _from_folder(path: Path) -> PreTrainedTokenizerFast:
+    from dlm_toolkit.models.validate import CheckpointError, inside
+
+    for name in _READ_FILES:
+        if (path / name).exists():
+            inside(path, name, "tokenizer file")
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # tokenizers/transformers raise plain Exception, ValueError, OSError...
+        raise CheckpointError(f"{path / 'tokenizer.json'}: not a readable tokenizer ({type(e).__name__}: {e})") from None
 
 
 def find_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast | None:
@@ -163,7 +179,7 @@ def find_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast | None:
     path = Path(directory)
     if not (path / "tokenizer.json").is_file():
         return None
-    return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    return _from_folder(path)
 
 
 def special_ids(tok: PreTrainedTokenizerFast) -> tuple[int, int]:

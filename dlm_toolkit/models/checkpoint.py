@@ -36,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .llada2 import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
+from .validate import CheckpointError, check_headers, check_special_ids, index_files, inside, listing, non_finite, read_json_object
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -44,23 +45,11 @@ DEFAULT_EOS_TOKEN = "<|endoftext|>"
 SMALL_MODEL_NUMEL = 1 << 24  # parameters up to which load_model builds the model in place
 
 
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be loaded as-is (one error listing every problem)."""
-
-
-def _listing(title: str, items: list[str], limit: int = 10) -> str:
-    more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
-    return f"{title} ({len(items)}): " + ", ".join(items[:limit]) + more
-
-
 def _read_config(path: Path) -> dict:
     file = path / "config.json"
     if not file.is_file():
         raise CheckpointError(f"{file}: not found (a checkpoint folder needs config.json)")
-    try:
-        raw = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: invalid JSON ({e})") from e
+    raw = read_json_object(inside(path, "config.json", "config"))
     if raw.get("model_type") != "llada2_moe":
         raise CheckpointError(f"{file}: model_type must be 'llada2_moe', found {raw.get('model_type')!r}")
     return raw
@@ -68,15 +57,18 @@ def _read_config(path: Path) -> dict:
 
 def _tokenizer_ids(path: Path) -> tuple[int | None, int | None]:
     """Mask and EOS ids from tokenizer.json (EOS token named by tokenizer_config.json if present)."""
-    file = path / "tokenizer.json"
-    if not file.is_file():
+    if not (path / "tokenizer.json").is_file():
         return None, None
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(file))
+    file = inside(path, "tokenizer.json", "tokenizer file")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # the tokenizers library raises plain Exception for a corrupt file
+        raise CheckpointError(f"{file}: not a readable tokenizer ({e})") from None
     eos = DEFAULT_EOS_TOKEN
     if (path / "tokenizer_config.json").is_file():
-        named = json.loads((path / "tokenizer_config.json").read_text()).get("eos_token") or eos
+        named = read_json_object(inside(path, "tokenizer_config.json", "tokenizer file")).get("eos_token") or eos
         eos = named["content"] if isinstance(named, dict) else named
     return tok.token_to_id(MASK_TOKEN), tok.token_to_id(eos)
 
@@ -97,24 +89,18 @@ def _special_ids(path: Path, config: LLaDA2Config, mask_token_id: int | None, eo
             f"config.json, and no tokenizer.json defining {MASK_TOKEN!r} / the EOS token. "
             f"Pass load_model(..., mask_token_id=..., eos_token_id=...)."
         )
-    for name, v in (("mask_token_id", mask), ("eos_token_id", eos)):
-        if not 0 <= v < config.vocab_size:
-            raise CheckpointError(f"{path}: {name} must be in [0, vocab_size={config.vocab_size}), got {v}")
+    check_special_ids(path, mask, eos, config.vocab_size)
     return mask, eos
 
 
 def _weight_files(path: Path) -> list[Path]:
     if (path / SINGLE).is_file():
-        return [path / SINGLE]
+        return [inside(path, SINGLE, "weights file")]
     if (path / INDEX).is_file():
-        try:
-            weight_map = json.loads((path / INDEX).read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path / INDEX}: not a valid safetensors index ({e!r})") from e
-        files = [path / name for name in sorted(set(weight_map.values()))]
+        files = index_files(path, path / INDEX)
         absent = [f.name for f in files if not f.is_file()]
         if absent:
-            raise CheckpointError(f"{path / INDEX}: " + _listing("shards listed but not found", absent))
+            raise CheckpointError(f"{path / INDEX}: " + listing("shards listed but not found", absent))
         return files
     if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
         raise CheckpointError(
@@ -125,9 +111,9 @@ def _weight_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no {SINGLE} or {INDEX} found")
 
 
-def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """key -> (file, shape) from the safetensors headers only (no tensor data is read)."""
-    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
+def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+    """key -> (file, shape, dtype) from the safetensors headers only (no tensor data is read)."""
+    found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     duplicated = []
     for file in files:
         try:
@@ -135,24 +121,27 @@ def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
                 for key in f.keys():
                     if key in found:
                         duplicated.append(f"{key} ({found[key][0].name} and {file.name})")
-                    found[key] = (file, tuple(f.get_slice(key).get_shape()))
+                    piece = f.get_slice(key)
+                    found[key] = (file, tuple(piece.get_shape()), piece.get_dtype())
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: not a readable safetensors file (truncated or corrupt?): {e}") from e
     if duplicated:
-        raise CheckpointError(_listing("keys stored in more than one shard", duplicated))
+        raise CheckpointError(listing("keys stored in more than one shard", duplicated))
     return found
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                mask_token_id: int | None = None, eos_token_id: int | None = None,
-               tp: TensorParallel | None = None) -> LLaDA2MoeModelLM:
+               tp: TensorParallel | None = None, check_finite: bool = False) -> LLaDA2MoeModelLM:
     """Load an official-format LLaDA2 MoE checkpoint folder into a :class:`LLaDA2MoeModelLM`.
 
     Weights are converted to ``dtype`` (the router stays float32) and placed on ``device``.
     Special ids come from the keyword arguments, else config.json, else the folder's tokenizer.
     ``tp``: load only this rank's shard of a tensor/expert-parallel model (every rank checks the
     whole checkpoint's keys and shapes, then reads only its own slices).
-    Raises :class:`CheckpointError` for any problem with the folder, before reading tensor data.
+    ``check_finite``: scan the loaded weights for NaN/inf (one pass over the model).
+    Raises :class:`CheckpointError` for any problem with the folder, before reading tensor data
+    (see :mod:`dlm_toolkit.models.validate` for what is checked before anything is allocated).
     """
     tp = tp or TensorParallel()
     path = Path(path)
@@ -166,11 +155,12 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
         raise CheckpointError(f"{path / 'config.json'}: invalid config: {details}") from e
     mask, eos = _special_ids(path, config, mask_token_id, eos_token_id)
     stored = _read_headers(_weight_files(path))
+    check_headers(path, config, stored)
 
     # A large model is built on the meta device (no allocation, no init) and filled from the
     # file. A small one is built in place: its init costs milliseconds, while the first meta
     # tensor of a process imports torch._dynamo (~0.8 s), which every sweep worker would pay.
-    numel = sum(math.prod(shape) for _, shape in stored.values())
+    numel = sum(math.prod(shape) for _, shape, _ in stored.values())
     on_meta = numel > SMALL_MODEL_NUMEL
     with torch.device("meta" if on_meta else device):
         model = LLaDA2MoeModelLM(config, dtype=dtype, mask_token_id=mask, eos_token_id=eos, tp=tp)
@@ -183,7 +173,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     unexpected = [k for k in stored if k not in expected]
     wrong = [f"{k} expected {tuple(t.shape)} found {stored[k][1]} ({stored[k][0].name})"
              for k, t in expected.items() if k in stored and tuple(t.shape) != stored[k][1]]
-    problems = [_listing(title, items) for title, items in
+    problems = [listing(title, items) for title, items in
                 (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", wrong)) if items]
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match the config: " + "; ".join(problems))
@@ -192,7 +182,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
         model.to_empty(device=device)
     local = model.state_dict()  # views of the parameters (per-expert keys: slots of the stacks)
     by_file: dict[Path, list[str]] = {}
-    for key, (file, _) in stored.items():
+    for key, (file, _, _) in stored.items():
         if key in local:
             by_file.setdefault(file, []).append(key)
     for file, keys in by_file.items():
@@ -201,6 +191,10 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
                 pieces = [f.get_slice(key)[index] if index else f.get_tensor(key)
                           for index in model.checkpoint_slices(key)]
                 local[key].copy_(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+    if check_finite:
+        bad = non_finite(model)
+        if bad:
+            raise CheckpointError(f"{path}: " + listing("weights holding NaN or infinity", bad))
     return model
 
 

@@ -504,7 +504,7 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
 
     Returns ``(model, tokenizer, storage, tracker)``.
     """
-    from dlm_toolkit.evaluate import check_context, load_checkpoint
+    from dlm_toolkit.evaluate import check_task_context, load_checkpoint
     from dlm_toolkit.policy import DecodingPolicy
     from dlm_toolkit.tasks import get_task
 
@@ -518,7 +518,7 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
     prompts = [tokenizer.encode(i.prompt, add_special_tokens=False) for i in task.instances(exp.n, exp.seed, "eval")]
     needed = max(map(len, prompts)) + task.answer_length + 1
     for source in (exp.base_policy, *exp.presets_to_enqueue):
-        check_context(model, needed, DecodingPolicy(source), exp.task)
+        check_task_context(model, needed, DecodingPolicy(source), exp.task)
     store = open_storage(storage, heartbeat_interval, grace_period)
     tracker = Tracker(tracking_uri, exp.mlflow_experiment)
     return model, tokenizer, store, tracker
