@@ -198,3 +198,22 @@ def test_failed_save_leaves_nothing_half_written(model, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_model(model, out, max_shard_bytes=200_000)
     assert listing(out) == before  # old checkpoint intact, no temporaries, no stray shards
+
+
+def test_saved_config_has_every_key_of_the_released_configs(tmp_path):
+    """What we write loads in the reference code unchanged: every key of the (released-format)
+    conformance config is present, with the same value where it applies."""
+    released = json.loads((FIXTURE / "config.json").read_text())
+    save_model(load_model(FIXTURE, mask_token_id=127, eos_token_id=126), tmp_path / "a")
+    ours = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert set(released) <= set(ours), sorted(set(released) - set(ours))
+    may_differ = {"transformers_version"}  # the writer's version
+    assert {k: ours[k] for k in released if k not in may_differ} == {k: released[k] for k in released if k not in may_differ}
+    # a model built from scratch (not read from a released config) writes the same fixed keys
+    from dlm_toolkit.testing import tiny_llada2
+
+    save_model(tiny_llada2(0), tmp_path / "b")
+    fresh = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert set(released) <= set(fresh)
+    assert fresh["pad_token_id"] == fresh["eos_token_id"] == 62 and fresh["use_bias"] is False
+    assert fresh["rotary_dim"] == 4  # head_dim 8 x partial_rotary_factor 0.5

@@ -230,11 +230,12 @@ def save_model(model: LLaDA2MoeModelLM, path: str | os.PathLike, max_shard_bytes
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
 
     config = model.config.to_hf_dict()
-    config.setdefault("architectures", ["LLaDA2MoeModelLM"])
     config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
     for name in ("mask_token_id", "eos_token_id"):
         if getattr(model, name) >= 0:
             config[name] = getattr(model, name)
+    if model.eos_token_id >= 0:
+        config.setdefault("pad_token_id", model.eos_token_id)  # the reference's padding index
 
     def writer(tensors: dict):
         return lambda file: save_file(tensors, file, metadata={"format": "pt"})

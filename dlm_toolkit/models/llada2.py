@@ -111,12 +111,37 @@ class LLaDA2Config(BaseModel):
         return int(self.head_dim * self.partial_rotary_factor)
 
     def to_hf_dict(self) -> dict:
-        """Official key names plus every extra key this config was read with (for config.json)."""
+        """The full key set of the released LLaDA2.x ``config.json`` files (so a checkpoint we write
+        loads in the reference remote code without extra arguments and with no weight newly
+        initialised), every extra key this config was read with, and our special ids.
+
+        Keys our architecture fixes (``use_bias: false``, sigmoid routing, QK-norm, ...) take the
+        released values unless the config was read with them; ``pad_token_id`` is the EOS id, as in
+        the released models (absent, the reference's padding index defaults to 156892).
+        """
+        import transformers
+
         d = self.model_dump()
         for name in ("mask_token_id", "eos_token_id"):
             if d[name] is None:
                 del d[name]
+        fixed = dict(OFFICIAL_CONFIG_DEFAULTS, rotary_dim=self.rotary_dim, transformers_version=transformers.__version__)
+        if self.eos_token_id is not None:
+            fixed["pad_token_id"] = self.eos_token_id
+        for key, value in fixed.items():
+            d.setdefault(key, value)
         return d
+
+
+OFFICIAL_CONFIG_DEFAULTS: dict[str, Any] = {
+    "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "attention_dropout": 0.0,
+    "embedding_dropout": 0.0, "output_dropout": 0.0, "hidden_act": "silu", "max_window_layers": 28,
+    "moe_router_enable_expert_bias": True, "norm_head": False, "norm_softmax": False, "norm_topk_prob": True,
+    "output_router_logits": False, "rope_scaling": None, "router_dtype": "fp32", "score_function": "sigmoid",
+    "sliding_window": 4096, "use_bias": False, "use_cache": False, "use_qk_norm": True, "use_qkv_bias": False,
+    "use_rmsnorm": True, "use_sliding_window": False, "using_split_qkv_in_self_attention": False,
+}
+"""Released-config keys whose values our architecture fixes (see :meth:`LLaDA2Config.to_hf_dict`)."""
 
 
 # ----------------------------------------------------------------------------------------------
