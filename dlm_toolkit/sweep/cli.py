@@ -169,6 +169,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     out = replay(args.storage, args.study_name, args.trial, load=lambda path: load_for_args(args, path),
                  threads=args.threads)
+    for warning in out["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
     else:
@@ -208,6 +210,9 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     policy = load_policy(json.loads(policy_json))
     if policy.config_hash() != trial.user_attrs.get("policy_hash", policy.config_hash()):
         raise ConfigError(f"--trial {number}: stored policy does not match its stored hash")
+    from dlm_toolkit.provenance import changed_plugins, collect, plugin_hashes
+
+    warnings = changed_plugins(trial.user_attrs.get("plugin_hashes") or {}, plugin_hashes(collect(policy)))
     model, tokenizer = (load or load_checkpoint)(settings["model"])
     task = get_task(settings["task"], **(settings.get("task_args") or {}))
     result = evaluate(model, tokenizer, task, policy, settings["n"], settings["seed"],
@@ -221,7 +226,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     return {"study_name": study_name, "trial": number, "state": trial.state.name, "policy_hash": policy.config_hash(),
             "task": settings["task"], "n": settings["n"], "seed": settings["seed"], "checkpoint": settings["model"],
             "metrics": metrics, "stored": stored, "mismatches": mismatches, "match": not mismatches,
-            "compared": [k for k in DETERMINISTIC_METRICS if k in stored]}
+            "compared": [k for k in DETERMINISTIC_METRICS if k in stored], "warnings": warnings}
 
 
 # -- eval --------------------------------------------------------------------------------------
@@ -247,7 +252,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dlm_toolkit.cli import load_for_args
     from dlm_toolkit.evaluate import evaluate
 
+    from dlm_toolkit.provenance import collect
+
     model, tokenizer = load_for_args(args, args.checkpoint)
+    prov = collect(policy, model)
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
                       progress=not args.no_progress, threads=args.threads)
     run_id = None
@@ -257,14 +265,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from dlm_toolkit.sweep.tracking import log_eval_run
 
         run_id = log_eval_run(result, policy, task.name, args.checkpoint, args.tracking_uri,
-                              args.experiment_name, seed=args.seed, n=args.n)
+                              args.experiment_name, seed=args.seed, n=args.n, provenance=prov)
     m = result.metrics
     if args.json:
         print(json.dumps({**m, "accuracy_interval": list(result.accuracy_interval), "task": task.name,
                           "metric_name": task.metric_name, "seed": args.seed,
                           "batch_size": args.batch_size, "checkpoint": str(args.checkpoint),
                           "policy_hash": policy.config_hash(), "policy": policy.model_dump(mode="json"),
-                          "mlflow_run_id": run_id, "instances": result.outcomes()}))
+                          "mlflow_run_id": run_id, "provenance": prov, "instances": result.outcomes()}))
     else:
         lo, hi = result.accuracy_interval
         print(f"accuracy          {m['accuracy']:.4f}  [{lo:.4f}, {hi:.4f}] 95 % Wilson ({task.metric_name} on "

@@ -51,6 +51,7 @@ from typing import Any, Iterator, Mapping
 
 from dlm_toolkit.config import ROLES, ConfigError, PolicyConfig, load_policy
 from dlm_toolkit.sweep.experiment import DEFAULT_NSGA2_POPULATION, Experiment, load_experiment
+from dlm_toolkit import provenance
 from dlm_toolkit.sweep.pareto import ParetoSummary, encode_outcomes, preset_label, summarize
 from dlm_toolkit.sweep.tracking import Tracker, TrialRun, check_sqlite_folder, hide_password
 
@@ -342,7 +343,7 @@ class TrialRunner:
         exp = self.exp
         preset = trial.user_attrs.get("preset")
         run: TrialRun | None = None
-        for stale in ("metrics", "outcomes", "pruned_at", "interrupted", "policy", "policy_hash", "mlflow_run_id"):
+        for stale in ("metrics", "outcomes", "plugin_hashes", "pruned_at", "interrupted", "policy", "policy_hash", "mlflow_run_id"):
             if trial.user_attrs.get(stale) is not None:  # a retry inherits its predecessor's attributes
                 trial.set_user_attr(stale, None)
         try:
@@ -365,6 +366,9 @@ class TrialRunner:
             trial.set_user_attr("policy", policy.canonical_json())
             trial.set_user_attr("policy_hash", policy.config_hash())
             run.log_policy(policy)
+            prov = provenance.collect(policy, self.model)
+            run.log_provenance(prov)
+            trial.set_user_attr("plugin_hashes", provenance.plugin_hashes(prov))  # dlm replay compares
 
             def on_batch(n_done: int, running: Mapping[str, float]) -> None:
                 run.log_running(n_done, running)

@@ -288,6 +288,16 @@ class TrialRun:
         _retry(self.client.set_tag, self.run_id, "policy_hash", policy.config_hash())
         _retry(self.client.log_text, self.run_id, policy.canonical_json(), "policy.json")
 
+    def log_provenance(self, provenance: Mapping[str, Any]) -> None:
+        """Tags ``provenance.*`` (commit, versions, device, dtype, plug-ins with their hashes) and
+        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.provenance`)."""
+        tags = {f"provenance.{k}": str(v) for k, v in provenance.items() if k != "plugins" and v is not None}
+        tags["provenance.plugins"] = " ".join(f"{p['class']}@{(p['sha256'] or '')[:12]}" for p in provenance["plugins"])
+        from mlflow.entities import RunTag
+
+        _retry(self.client.log_batch, self.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+        _retry(self.client.log_text, self.run_id, json.dumps(provenance, indent=1), "provenance.json")
+
     def log_running(self, n_done: int, metrics: Mapping[str, float]) -> None:
         _retry(self.client.log_metric, self.run_id, "running_accuracy", float(metrics["accuracy"]), step=n_done)
 
@@ -320,12 +330,14 @@ def log_eval_run(
     seed: int | None = None,
     n: int | None = None,
     run_name: str | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> str:
     """Log one :class:`~dlm_toolkit.evaluate.EvalResult` as a run; returns its run id.
 
     Params: the policy's flat keys (+ ``task``, ``n``, ``seed``); metrics: ``result.metrics``;
     tags: ``policy_hash``, ``task``, ``checkpoint``, ``seed``, ``dlm_toolkit_version``,
-    ``kind=eval``; artifacts: ``policy.json`` and ``records.jsonl`` (one line per instance).
+    ``kind=eval``, ``provenance.*``; artifacts: ``policy.json``, ``provenance.json`` and
+    ``records.jsonl`` (one line per instance).
     """
     tracker = Tracker(tracking_uri, experiment_name)
     tags = {"mlflow.runName": run_name or f"eval-{task}-{policy.config_hash()}", "kind": KIND_EVAL,
@@ -339,6 +351,8 @@ def log_eval_run(
         trial.log_params({**policy.flat(), "task": task, **({"n": n} if n is not None else {}),
                           **({"seed": seed} if seed is not None else {})})
         _retry(tracker.client.log_text, run.info.run_id, policy.canonical_json(), "policy.json")
+        if provenance is not None:
+            trial.log_provenance(provenance)
         if getattr(result, "records", None):
             trial.log_records(result.records)
         from mlflow.entities import Metric
