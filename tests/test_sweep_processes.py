@@ -112,6 +112,21 @@ def test_two_workers_share_one_study(tmp_path):
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
 
 
+def test_workers_never_import_from_the_working_folder(tmp_path, monkeypatch):
+    planted = tmp_path / "cwd"
+    planted.mkdir()
+    marker = tmp_path / "planted-module-ran"
+    for name in ("mlflow", "optuna", "torch"):  # what a worker imports first
+        (planted / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name} ')\nraise SystemExit(3)\n")
+    monkeypatch.chdir(planted)
+    exp = load_experiment(h.experiment(n=16, batch_size=16))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    result = run_sweep(exp, 24, storage=storage, tracking_uri=uri, workers=2, progress=False, threads=1)
+    assert not marker.exists(), f"a worker imported a planted module: {marker.read_text()}"
+    complete = [t for t in load_study(storage, "t").get_trials() if t.state == TrialState.COMPLETE]
+    assert result.counts.counted == 24 and complete
+
+
 def _worker_children() -> list[int]:
     mine = []
     for status in Path("/proc").glob("[0-9]*/status"):

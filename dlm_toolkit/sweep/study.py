@@ -573,7 +573,7 @@ def run_sweep(
     name = study_name or exp.default_name
     # Workers 1..K-1 start now: their imports (torch, MLflow, Optuna; seconds) overlap the checks
     # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
-    spawned = [subprocess.Popen([sys.executable, "-m", "dlm_toolkit.sweep.worker"], stdin=subprocess.PIPE, text=True)
+    spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
                for _ in range(1, workers)]
     try:
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
@@ -638,6 +638,16 @@ class _Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def worker_command() -> list[str]:
+    """A worker's command line: ``python -I`` (no current folder, no ``PYTHON*`` variables, no user
+    site on the import path, so a planted ``mlflow.py`` in the working folder is never imported)
+    plus this process's import path, explicitly, minus the working folder."""
+    cwd = os.getcwd()
+    path = [p for p in sys.path if p and os.path.abspath(p) != cwd]
+    boot = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from dlm_toolkit.sweep.worker import entry; entry()"
+    return [sys.executable, "-I", "-c", boot, json.dumps(path)]
 
 
 def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: str, n_trials: int,

@@ -1,4 +1,5 @@
-"""One sweep worker process, started by ``run_sweep``: ``python -m dlm_toolkit.sweep.worker [PAYLOAD_JSON]``.
+"""One sweep worker process, started by ``run_sweep`` with :func:`~dlm_toolkit.sweep.study.worker_command`
+(``python -I``, an explicit import path) or by hand: ``python -m dlm_toolkit.sweep.worker [PAYLOAD_JSON]``.
 
 Without an argument it imports the heavy libraries first, then reads the payload as one JSON
 line from stdin, so its start-up overlaps the coordinator's checks; EOF means "not needed".
@@ -33,10 +34,14 @@ def main(argv: list[str]) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
+def entry(argv: list[str] | None = None) -> None:
+    code = main(argv or [])
     sys.stdout.flush()
     sys.stderr.flush()
     # Every storage/tracking write is committed synchronously; skip the slow interpreter teardown
     # (torch, SQLAlchemy pools, MLflow) so the coordinator sees the worker finish promptly.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    entry(sys.argv[1:])
