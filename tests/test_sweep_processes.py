@@ -148,3 +148,16 @@ def test_bad_input_with_workers_leaves_no_worker_behind(tmp_path):
                   workers=3, progress=False)
     assert _worker_children() == []
     assert not (tmp_path / "optuna.db").exists()
+
+
+def test_restarts_continue_the_search_instead_of_replaying_it(tmp_path):
+    """Five restarts of the same command (each adds 4 trials): a sampler seeded only by the
+    experiment seed would propose the same 4 policies every time."""
+    exp = load_experiment(h.experiment(n=4, presets_to_enqueue=[],
+                                       search_space={"m2t.params.threshold": {"float": [0.3, 0.99]},
+                                                     "t2t.params.threshold": {"float": [0.0, 0.95]}}))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    for total in (4, 8, 12, 16, 20):
+        run_sweep(exp, total, storage=storage, tracking_uri=uri, progress=False, threads=1)
+    hashes = [t.user_attrs["policy_hash"] for t in load_study(storage, "t").get_trials() if t.state == TrialState.COMPLETE]
+    assert len(hashes) == 20 and len(set(hashes)) >= 18, f"{len(set(hashes))} distinct policies of 20"

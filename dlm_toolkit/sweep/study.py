@@ -36,6 +36,7 @@ Trial user attributes: ``policy`` (canonical JSON), ``policy_hash``, ``metrics``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -116,11 +117,22 @@ def load_study(storage: str | Any, study_name: str) -> Any:
                           f" (studies: {', '.join(names) or 'none'})") from None
 
 
-def make_sampler(exp: Experiment, worker: int = 0) -> Any:
+def sampler_seed(seed: int | None, worker: int, started: int) -> int | None:
+    """The seed of one sampler: mixed from the experiment's seed, the worker id and the number of
+    trials the study had when the sampler started, so a restarted (or resumed) process continues
+    the search instead of replaying the proposals its predecessor already made."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}|{worker}|{started}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def make_sampler(exp: Experiment, worker: int = 0, started: int = 0) -> Any:
+    """The experiment's sampler for ``worker``; ``started``: trials in the study when it starts."""
     import optuna
 
     spec = exp.sampler
-    seed = None if spec.seed is None else spec.seed + worker
+    seed = sampler_seed(spec.seed, worker, started)
     opts = dict(spec.options)
     if spec.name == "nsga2":
         opts.setdefault("population_size", DEFAULT_NSGA2_POPULATION)
@@ -166,6 +178,9 @@ def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
     with _optuna_quiet():
         study = optuna.create_study(storage=storage, study_name=study_name, directions=exp.directions,
                                     sampler=make_sampler(exp), pruner=make_pruner(exp), load_if_exists=True)
+    started = len(study.get_trials(deepcopy=False))
+    if started:
+        study.sampler = make_sampler(exp, 0, started)  # a resumed study: continue, do not replay
     stored = study.user_attrs.get("experiment")
     if stored is None:
         if study.get_trials(deepcopy=False):
@@ -715,9 +730,8 @@ def worker_main(payload: Mapping[str, Any]) -> int:
     import optuna
 
     with _optuna_quiet():
-        study = optuna.load_study(study_name=payload["study_name"], storage=store,
-                                  sampler=make_sampler(exp, worker=int(payload["worker"])),
-                                  pruner=make_pruner(exp))
+        study = optuna.load_study(study_name=payload["study_name"], storage=store, pruner=make_pruner(exp))
+        study.sampler = make_sampler(exp, int(payload["worker"]), len(study.get_trials(deepcopy=False)))
     tracker = Tracker(payload["tracking_uri"], exp.mlflow_experiment)
     runner = TrialRunner(exp, study, payload["storage"], int(payload["n_trials"]), tracker,
                          payload["parent_run_id"])
