@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -161,3 +162,33 @@ def test_restarts_continue_the_search_instead_of_replaying_it(tmp_path):
         run_sweep(exp, total, storage=storage, tracking_uri=uri, progress=False, threads=1)
     hashes = [t.user_attrs["policy_hash"] for t in load_study(storage, "t").get_trials() if t.state == TrialState.COMPLETE]
     assert len(hashes) == 20 and len(set(hashes)) >= 18, f"{len(set(hashes))} distinct policies of 20"
+
+
+def _together(commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(c, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in commands]
+    out = []
+    for p, c in zip(procs, commands):
+        stdout, stderr = p.communicate(timeout=240)
+        out.append(subprocess.CompletedProcess(c, p.returncode, stdout, stderr))
+    return out
+
+
+def test_concurrent_first_use_of_one_new_store_all_succeed(tmp_path):
+    """Two evals on one new MLflow SQLite file and two sweeps on one new Optuna SQLite file, each
+    pair started at once: every command succeeds and every result is stored."""
+    ckpt = str(h.REPO / "checkpoints" / "testbed-editable")
+    uri = f"sqlite:///{tmp_path}/new-mlflow.db"
+    evals = [[*h.DLM, "eval", "--checkpoint", ckpt, "--task", "add", "--n", "2", "--json", "--no-progress",
+              "--tracking-uri", uri, "--seed", str(s)] for s in (0, 1)]
+    h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=4))
+    sweeps = [[*h.DLM, "sweep", str(tmp_path / "exp.yaml"), "--n-trials", "3", "--storage",
+               f"sqlite:///{tmp_path}/new-optuna.db", "--tracking-uri", f"sqlite:///{tmp_path}/sweep-mlflow-{k}.db",
+               "--no-progress"] for k in (0, 1)]
+    results = _together(evals + sweeps, tmp_path)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-2000:]
+    run_ids = {json.loads(r.stdout)["mlflow_run_id"] for r in results[:2]}
+    assert len(run_ids) == 2 and None not in run_ids
+    assert sum(is_counted(t) for t in load_study(f"sqlite:///{tmp_path}/new-optuna.db", "t").get_trials()) == 3

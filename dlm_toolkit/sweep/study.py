@@ -54,7 +54,7 @@ from dlm_toolkit.config import ROLES, ConfigError, PolicyConfig, load_policy
 from dlm_toolkit.sweep.experiment import DEFAULT_NSGA2_POPULATION, Experiment, load_experiment
 from dlm_toolkit import provenance
 from dlm_toolkit.sweep.pareto import ParetoSummary, encode_outcomes, preset_label, summarize
-from dlm_toolkit.sweep.tracking import Tracker, TrialRun, check_sqlite_folder, hide_password
+from dlm_toolkit.sweep.tracking import Tracker, TrialRun, check_sqlite_folder, creation_lock, hide_password
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -88,7 +88,8 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
                 kwargs = {"heartbeat_interval": int(heartbeat_interval),
                           "grace_period": int(grace_period or 3 * heartbeat_interval),
                           "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)}
-            return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+            with creation_lock(url):  # schema creation and migration: one process at a time
+                return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
     except ModuleNotFoundError as err:
         raise ConfigError(f"storage {hide_password(url)!r}: database driver not installed ({err}); "
                           "e.g. pip install psycopg2-binary for postgresql://") from None

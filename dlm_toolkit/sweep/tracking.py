@@ -98,6 +98,26 @@ def _version() -> str:
 
 
 @contextmanager
+def creation_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<file>.lock`` next to a SQLite store while opening it, so that
+    creating or migrating the schema (MLflow's and Optuna's first use of a new file) happens in one
+    process at a time; concurrent first users of one new store all succeed. Other URLs: no lock
+    (servers create their schema once, before the workers start)."""
+    import fcntl
+
+    db = sqlite_file(uri)
+    if db is None:
+        yield
+        return
+    with open(db.parent / f"{db.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
 def _quiet_http() -> Iterator[None]:
     """Fail fast on an unreachable tracking server while checking it (MLflow retries ~2 min)."""
     saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
@@ -123,7 +143,7 @@ class Tracker:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         try:
-            with _quiet_http():
+            with _quiet_http(), creation_lock(tracking_uri):
                 self.client = MlflowClient(tracking_uri)
                 exp = self.client.get_experiment_by_name(experiment_name)
         except Exception as err:
