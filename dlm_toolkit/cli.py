@@ -32,6 +32,12 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", help="named policy (see `dlm strategies presets`); default llada2.1-q")
     g.add_argument("--policy", help="policy file (.json or .yaml)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="flat-key override, repeatable")
+    add_import_arg(p)
+
+
+def add_import_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-import", action="store_true",
+                   help="let policies name strategy classes as package.module:Class (imports that module)")
 
 
 def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
@@ -193,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dlm_toolkit.registry import set_allow_imports
+
     args = build_parser().parse_args(argv)
+    set_allow_imports(getattr(args, "allow_import", False))
     try:
         return args.func(args)
     except (ConfigError, StrategyError, ValueError, OSError) as err:

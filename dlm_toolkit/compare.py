@@ -59,7 +59,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand."""
-    from dlm_toolkit.cli import add_runtime_args
+    from dlm_toolkit.cli import add_import_arg, add_runtime_args
 
     p = sub.add_parser("compare", help="two policies on the same instances: paired differences with intervals",
                        description="Evaluate policies A and B on the same eval instances and report the paired "
@@ -76,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
+    add_import_arg(p)
     add_runtime_args(p)
     p.set_defaults(func=cmd_compare)
     return p

@@ -183,14 +183,28 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     return tree
 
 
+MAX_CONFIG_BYTES = 1 << 20  # no experiment, policy or training file comes near this
+
+
 def read_mapping_file(path: str | Path) -> dict[str, Any]:
-    """A mapping from a ``.json`` or ``.yaml``/``.yml`` file (safe loaders only; empty file = {})."""
+    """A mapping from a ``.json`` or ``.yaml``/``.yml`` file (safe loaders only; empty file = {}).
+
+    Bounded: files over 1 MiB are refused, and so are YAML anchors and aliases (a few hundred
+    bytes of nested aliases expand to gigabytes; no config of ours needs them).
+    """
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size} bytes; config files are limited to {MAX_CONFIG_BYTES} bytes")
         text = path.read_text()
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason})") from None
     try:
+        if path.suffix != ".json":
+            _refuse_aliases(path, text)
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
@@ -198,6 +212,14 @@ def read_mapping_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def _refuse_aliases(path: Path, text: str) -> None:
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            line = event.start_mark.line + 1
+            raise ConfigError(f"{path}:{line}: YAML anchors and aliases are not accepted in config files "
+                              f"(found {'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor})")
 
 
 def parse_value(text: str) -> Any:

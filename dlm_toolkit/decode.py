@@ -70,7 +70,7 @@ def decode(
     device = model_device(model)
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
     if not allow_past_context:
-        origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts]), gen_length)
+        origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
     state = DecodeState.start(
         prompts, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size, seed, device

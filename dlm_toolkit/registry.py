@@ -3,8 +3,13 @@
 Every package (ours included) that ships strategies declares an entry point in the group
 ``dlm_toolkit.strategies`` whose value is a module; importing the module registers its classes
 with ``@M2T.register("name")`` etc. The built-ins (``strategies/``) use the same path.
-Set ``DLM_TOOLKIT_NO_PLUGINS=1`` to load only the built-ins. Configs may also name a class
-directly as ``package.module:Class``.
+Set ``DLM_TOOLKIT_NO_PLUGINS=1`` to load only the built-ins.
+
+Configs may also name a class directly as ``package.module:Class``. Importing a module runs its
+code, and policies also come from files and stores someone else may have written, so a class path
+whose module is not imported yet is refused unless imports are allowed: ``--allow-import`` on the
+command line, ``allow_import: true`` in an experiment, or :func:`allow_imports` in Python. (A
+module already imported runs nothing new: plug-in authors' in-process classes keep working.)
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -28,6 +36,28 @@ NO_PLUGINS_ENV = "DLM_TOOLKIT_NO_PLUGINS"
 
 T = TypeVar("T", bound=type)
 _loading: ContextVar[str | None] = ContextVar("_loading", default=None)
+_imports_allowed = False
+
+
+def set_allow_imports(allowed: bool) -> None:
+    """Allow (or stop allowing) ``package.module:Class`` names to import their module."""
+    global _imports_allowed
+    _imports_allowed = bool(allowed)
+
+
+def imports_allowed() -> bool:
+    return _imports_allowed
+
+
+@contextmanager
+def allow_imports(allowed: bool = True) -> Iterator[None]:
+    """Within the block, ``package.module:Class`` names may import their module."""
+    before = _imports_allowed
+    set_allow_imports(allowed)
+    try:
+        yield
+    finally:
+        set_allow_imports(before)
 
 
 class PluginError(ConfigError):
@@ -94,6 +124,12 @@ class Registry(Generic[T]):
         from dlm_toolkit.strategy import ROLE_BASES
 
         module, _, attr = path.partition(":")
+        if module not in sys.modules and not _imports_allowed:
+            raise ConfigError(
+                f"{self.role}: '{path}' would import module '{module}'; only registered strategies are used by "
+                "default (see `dlm strategies list`). Pass --allow-import (experiments: allow_import: true) to "
+                "import it, or register it through a 'dlm_toolkit.strategies' entry point"
+            )
         try:
             cls = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:

@@ -8,6 +8,7 @@ Process-level behaviour (kill -9 and resume, two workers) is in test_sweep_proce
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 
 import pytest
@@ -306,10 +307,11 @@ class BoomUnmask(UnmaskRule):
 def test_failing_policy_is_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
     (tmp_path / "sweep_boom_rule.py").write_text(textwrap.dedent(BOOM))
     monkeypatch.syspath_prepend(str(tmp_path))
-    exp = load_experiment(h.experiment(search_space={
-        "m2t.name": {"categorical": ["sweep_boom_rule:BoomUnmask"]},
-        "m2t.params.threshold": {"float": [0.3, 0.9]},
-    }))
+    space = {"m2t.name": {"categorical": ["sweep_boom_rule:BoomUnmask"]}, "m2t.params.threshold": {"float": [0.3, 0.9]}}
+    with pytest.raises(ConfigError, match="would import module 'sweep_boom_rule'"):
+        load_experiment(h.experiment(search_space=space))  # class paths need the experiment's opt-in
+    assert "sweep_boom_rule" not in sys.modules
+    exp = load_experiment(h.experiment(search_space=space, allow_import=True))
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
     result = run_sweep(exp, 4, storage=storage, tracking_uri=uri, progress=False, threads=1)
     trials = load_study(storage, "t").get_trials()

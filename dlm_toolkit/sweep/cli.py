@@ -24,7 +24,7 @@ TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 
 def register(sub: Any) -> None:
     """Add the sweep/eval subcommands to ``dlm``'s subparsers."""
-    from dlm_toolkit.cli import add_policy_args, add_runtime_args
+    from dlm_toolkit.cli import add_import_arg, add_policy_args, add_runtime_args
 
     p = sub.add_parser("sweep", help="Optuna search of decoding policies (speed-quality Pareto front)",
                        description="Run (or resume) an Optuna study over the search space of an experiment "
@@ -41,8 +41,12 @@ def register(sub: Any) -> None:
                    help="trial heartbeat; a trial silent for 3x this is considered dead and retried")
     p.add_argument("--threads", type=int, help="torch CPU threads per worker (default: torch's choice; "
                    "cpu_count/K with --workers K); tiny models decode fastest with 1")
+    p.add_argument("--device", help="where every worker loads the model: cpu (default), cuda or cuda:N")
+    p.add_argument("--dtype", help="weight dtype: float32 (CPU default), bfloat16 (GPU default) or float16")
+    p.add_argument("--devices", help="one worker per device, comma-separated (e.g. cuda:0,cuda:1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the front as JSON instead of a table")
+    add_import_arg(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("pareto", help="print (and log) the Pareto front of a study",
@@ -65,6 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument("--study-name", required=True)
     p.add_argument("--trial", type=int, required=True, help="trial number")
     p.add_argument("--json", action="store_true")
+    add_import_arg(p)
     add_runtime_args(p)
     p.set_defaults(func=cmd_replay)
 
@@ -97,7 +102,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--heartbeat: must be >= 1 second (got {args.heartbeat})")
     result = run_sweep(exp, args.n_trials, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study_name, workers=args.workers, progress=not args.no_progress,
-                       heartbeat_interval=args.heartbeat, threads=args.threads)
+                       heartbeat_interval=args.heartbeat, threads=args.threads, device=args.device,
+                       dtype=args.dtype, devices=[d.strip() for d in args.devices.split(",")] if args.devices else None)
     if args.json:
         print(json.dumps({**result.summary.to_json(), "storage": args.storage, "tracking_uri": args.tracking_uri,
                           "parent_run_id": result.parent_run_id, "finished_trials": result.counts.counted,

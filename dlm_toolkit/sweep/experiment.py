@@ -51,7 +51,6 @@ import math
 from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
@@ -64,8 +63,10 @@ from dlm_toolkit.config import (
     SamplingConfig,
     describe_range,
     load_policy,
+    read_mapping_file,
     validate_model,
 )
+from dlm_toolkit.registry import allow_imports, imports_allowed
 
 METRICS = (
     "accuracy",
@@ -167,8 +168,21 @@ class ParamSpec(_Frozen):
             return trial.suggest_int(name, self.int_[0], self.int_[1], step=int(self.step or 1), log=self.log)
         return trial.suggest_float(name, self.float_[0], self.float_[1], step=self.step, log=self.log)
 
+    def size(self) -> int | None:
+        """How many values :meth:`grid_values` would list (computed, not enumerated); None when
+        the range is continuous."""
+        if self.categorical is not None:
+            return len(self.categorical)
+        if self.int_ is not None:
+            return (self.int_[1] - self.int_[0]) // int(self.step or 1) + 1
+        if self.step is None:
+            return None
+        return int(math.floor((self.float_[1] - self.float_[0]) / self.step + 1e-9)) + 1
+
     def grid_values(self) -> list[Any] | None:
         """The finite set of values (for the grid sampler), or None for a continuous float."""
+        if (self.size() or 0) > MAX_GRID_VALUES:
+            raise ConfigError(f"{self.describe()}: {self.size()} values, more than {MAX_GRID_VALUES}")
         if self.categorical is not None:
             return list(self.categorical)
         if self.int_ is not None:
@@ -260,6 +274,9 @@ class Experiment(_Frozen):
     presets_to_enqueue: tuple[str, ...] = DEFAULT_PRESETS
     n_trials: int | None = Field(None, ge=1)
     threads: int | None = Field(None, ge=1)
+    device: str | None = None
+    dtype: str | None = None
+    allow_import: bool = False
     mlflow_experiment: str = "dlm-sweep"
 
     _source: Path | None = PrivateAttr(None)
@@ -351,33 +368,27 @@ def load_experiment(
         where = "experiment"
     else:
         path = Path(source)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise ConfigError(f"cannot read experiment file {path}: {err.strerror}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        if not path.is_file():
+            raise ConfigError(f"cannot read experiment file {path}: no such file")
+        data = read_mapping_file(path)  # bounded: size limit, no YAML aliases
         folder = path.resolve().parent
         where = str(path)
     data = _resolve_paths(data, folder)
-    try:
-        exp = validate_model(Experiment, data)
-    except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    try:
-        base = load_policy(exp.base_policy, overrides or {})
-    except ConfigError as err:
-        raise ConfigError(f"{where}: base_policy: {err}") from None
-    exp = exp.model_copy(update={"base_policy": base.model_dump(mode="json")})
-    exp._source = path.resolve() if path is not None else None
-    try:
-        validate_experiment(exp)
-    except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
+    with allow_imports(imports_allowed() or data.get("allow_import") is True):
+        try:
+            exp = validate_model(Experiment, data)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        try:
+            base = load_policy(exp.base_policy, overrides or {})
+        except ConfigError as err:
+            raise ConfigError(f"{where}: base_policy: {err}") from None
+        exp = exp.model_copy(update={"base_policy": base.model_dump(mode="json")})
+        exp._source = path.resolve() if path is not None else None
+        try:
+            validate_experiment(exp)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
     return exp
 
 
@@ -448,11 +459,23 @@ def _check_sampler(exp: Experiment) -> None:
             allowed = sorted(p for p in params if p not in reserved)
             raise ConfigError(f"sampler.options: unknown option {opt!r} for sampler {spec.name!r} "
                               f"(accepted: {', '.join(allowed) or 'none'})")
+    for key, s in exp.search_space.items():  # sizes are computed, never enumerated, before this check
+        if (s.size() or 0) > MAX_GRID_VALUES:
+            raise ConfigError(f"search_space.{key}: {s.describe()} has {s.size()} values, more than "
+                              f"{MAX_GRID_VALUES}: use a larger step (or none, for a continuous range)")
     if spec.name == "grid":
         for key, s in exp.search_space.items():
-            if s.grid_values() is None:
+            if s.size() is None:
                 raise ConfigError(f"sampler: grid needs a finite search space, but search_space.{key} is a "
                                   f"continuous {s.describe()}; give it a step or make it categorical")
+        points = math.prod(s.size() for s in exp.search_space.values())
+        if points > MAX_GRID_POINTS:
+            raise ConfigError(f"sampler: the grid has {points} points, more than {MAX_GRID_POINTS}; "
+                              "coarsen the steps or search fewer keys")
+
+
+MAX_GRID_VALUES = 100_000  # values one searched key may take
+MAX_GRID_POINTS = 1_000_000  # points of a whole grid (the grid sampler lists them all)
 
 
 def _rule_class(role: str, name: Any, where: str) -> type:

@@ -48,11 +48,12 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from dlm_toolkit.config import ROLES, ConfigError, PolicyConfig, load_policy
 from dlm_toolkit.sweep.experiment import DEFAULT_NSGA2_POPULATION, Experiment, load_experiment
 from dlm_toolkit import provenance
+from dlm_toolkit.registry import imports_allowed, set_allow_imports
 from dlm_toolkit.sweep.pareto import ParetoSummary, encode_outcomes, preset_label, summarize
 from dlm_toolkit.sweep.tracking import Tracker, TrialRun, check_sqlite_folder, creation_lock, hide_password
 
@@ -335,7 +336,7 @@ class TrialRunner:
 
     def __init__(self, exp: Experiment, study: Any, storage_url: str, n_trials: int, tracker: Tracker,
                  parent_run_id: str, model: Any = None, tokenizer: Any = None,
-                 echo: Any = None) -> None:
+                 echo: Any = None, device: str | None = None, dtype: str | None = None) -> None:
         from dlm_toolkit.tasks import get_task
 
         self.exp, self.study, self.storage_url, self.n_trials = exp, study, storage_url, n_trials
@@ -343,7 +344,7 @@ class TrialRunner:
         if model is None:
             from dlm_toolkit.evaluate import load_checkpoint
 
-            model, tokenizer = load_checkpoint(exp.model)
+            model, tokenizer = load_checkpoint(exp.model, device=device, dtype=dtype)
         self.model, self.tokenizer = model, tokenizer
         self.task = get_task(exp.task, **exp.task_args)
         self.echo = echo or (lambda msg: print(msg, file=sys.stderr))
@@ -519,7 +520,8 @@ class SweepResult:
 
 
 def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_interval: int = DEFAULT_HEARTBEAT,
-                    grace_period: int | None = None) -> tuple[Any, Any, Any, Tracker]:
+                    grace_period: int | None = None, device: str | None = None,
+                    dtype: str | None = None) -> tuple[Any, Any, Any, Tracker]:
     """Open everything a sweep needs, or fail with a ConfigError before any trial runs.
 
     Returns ``(model, tokenizer, storage, tracker)``.
@@ -533,7 +535,7 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
     model_dir = Path(exp.model)
     if not model_dir.is_dir():
         raise ConfigError(f"model: checkpoint folder {model_dir} does not exist")
-    model, tokenizer = load_checkpoint(model_dir)
+    model, tokenizer = load_checkpoint(model_dir, device=device, dtype=dtype)
     task = get_task(exp.task, **exp.task_args)
     prompts = [tokenizer.encode(i.prompt, add_special_tokens=False) for i in task.instances(exp.n, exp.seed, "eval")]
     needed = max(map(len, prompts)) + task.answer_length + 1
@@ -556,6 +558,9 @@ def run_sweep(
     heartbeat_interval: int = DEFAULT_HEARTBEAT,
     grace_period: int | None = None,
     threads: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    devices: Sequence[str] | None = None,
 ) -> SweepResult:
     """Search decoding policies for ``experiment`` until the study holds ``n_trials`` finished trials.
 
@@ -573,6 +578,10 @@ def run_sweep(
         threads: torch CPU threads per worker (default: the experiment's ``threads``, else
             torch's choice with one worker and ``cpu_count // workers`` with several). Tiny
             models decode fastest with 1.
+        device, dtype: where every worker loads the model (default: the experiment's ``device`` /
+            ``dtype``, else the CPU in float32; see :mod:`dlm_toolkit.runtime`).
+        devices: one worker per device (``["cuda:0", "cuda:1"]``); sets ``workers``. Each worker
+            loads the model once, on its device.
 
     Raises:
         ConfigError: any invalid input (before any trial runs).
@@ -586,6 +595,19 @@ def run_sweep(
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
     threads = threads or exp.threads
+    from dlm_toolkit.runtime import resolve_device, resolve_dtype
+
+    if exp.allow_import:  # the experiment opted in to package.module:Class names
+        set_allow_imports(True)
+
+    device, dtype = device or exp.device, dtype or exp.dtype
+    if devices:
+        if workers not in (1, len(devices)):
+            raise ConfigError(f"workers: {workers} workers but {len(devices)} devices; --devices sets one worker per device")
+        workers = len(devices)
+    placement = [str(resolve_device(d)) for d in (devices or [device] * workers)]  # bad devices fail here
+    for d in set(placement):
+        resolve_dtype(dtype, resolve_device(d))
     name = study_name or exp.default_name
     # Workers 1..K-1 start now: their imports (torch, MLflow, Optuna; seconds) overlap the checks
     # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
@@ -593,7 +615,7 @@ def run_sweep(
                for _ in range(1, workers)]
     try:
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
-                                                           grace_period)
+                                                           grace_period, placement[0], dtype)
         study = create_or_resume(exp, store, name)
         enqueue_presets(study, exp)
         parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
@@ -612,7 +634,7 @@ def run_sweep(
             counts = runner.run(on_progress=bar.update)
         else:
             counts = _run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
-                                  heartbeat_interval, grace_period, bar, runner)
+                                  heartbeat_interval, grace_period, bar, runner, placement, dtype)
         status = "FINISHED" if counts.counted >= n_trials or _grid_exhausted(study) else "FAILED"
     finally:
         _dismiss(spawned)
@@ -668,7 +690,7 @@ def worker_command() -> list[str]:
 
 def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: str, n_trials: int,
                  parent: str, procs: list[subprocess.Popen], heartbeat_interval: int, grace_period: int | None,
-                 bar: _Progress, runner: TrialRunner) -> Counts:
+                 bar: _Progress, runner: TrialRunner, placement: list[str], dtype: str | None) -> Counts:
     """Worker 0 is this process (model and stores already open); ``procs`` are workers 1..K-1,
     started early by :func:`run_sweep` and waiting for their payload on stdin."""
     import torch
@@ -678,7 +700,8 @@ def _run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: s
         payload = {"experiment": exp.settings(), "source": str(exp.source) if exp.source else None,
                    "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                    "n_trials": n_trials, "parent_run_id": parent, "worker": k, "threads": threads,
-                   "heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
+                   "heartbeat_interval": heartbeat_interval, "grace_period": grace_period,
+                   "device": placement[k], "dtype": dtype, "allow_import": imports_allowed()}
         try:
             proc.stdin.write(json.dumps(payload) + "\n")
             proc.stdin.close()
@@ -724,6 +747,7 @@ def worker_main(payload: Mapping[str, Any]) -> int:
     import torch
 
     torch.set_num_threads(int(payload["threads"]))
+    set_allow_imports(bool(payload.get("allow_import")))
     exp = Experiment.model_validate(payload["experiment"])
     if payload.get("source"):
         exp._source = Path(payload["source"])
@@ -735,6 +759,6 @@ def worker_main(payload: Mapping[str, Any]) -> int:
         study.sampler = make_sampler(exp, int(payload["worker"]), len(study.get_trials(deepcopy=False)))
     tracker = Tracker(payload["tracking_uri"], exp.mlflow_experiment)
     runner = TrialRunner(exp, study, payload["storage"], int(payload["n_trials"]), tracker,
-                         payload["parent_run_id"])
+                         payload["parent_run_id"], device=payload.get("device"), dtype=payload.get("dtype"))
     runner.run()
     return 0
