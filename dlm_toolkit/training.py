@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,8 @@ class TrainConfig(BaseModel):
     eval_preset: str = Field("llada2.1-q", min_length=1)
     log_interval: int = Field(10, ge=1, le=100_000, description="steps per logged loss point")
     save_dtype: Literal["float32", "bfloat16"] = "float32"
+    checkpoint_interval: int = Field(500, ge=0, le=10_000_000,
+                                     description="steps between resume points in OUT/resume (0 = none)")
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -436,7 +439,8 @@ def quick_eval(model: LLaDA2MoeModelLM, tokenizer: Any, config: TrainConfig, n: 
     return out
 
 
-def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = None, progress: bool = True) -> Path:
+def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = None, progress: bool = True,
+          resume: bool = False) -> Path:
     """Train a model with ``config``, save it to ``out_dir`` and return that path.
 
     ``out_dir`` receives ``config.json`` (with ``mask_token_id``/``eos_token_id``),
@@ -444,6 +448,12 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
     loss history, evals) and ``loss_curve.png``. With ``tracking_uri`` (e.g.
     ``sqlite:///mlflow.db``) the run is logged to MLflow: flat config as params, loss every
     ``log_interval`` steps, eval accuracy/TPF per task, the checkpoint folder as artifacts.
+
+    Every ``checkpoint_interval`` steps a resume point goes to ``out_dir/resume`` (see
+    :mod:`dlm_toolkit.training_resume`); it is removed once the final checkpoint is saved.
+    ``resume=True`` continues from it -- same batches, noise and updates as a run that was never
+    interrupted, logged to the same MLflow run. Without ``resume`` an existing resume point is
+    an error (a fresh run would overwrite it).
     """
     from tqdm.auto import tqdm
 
@@ -451,8 +461,18 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
         config = load_train_config(config)
     from dlm_toolkit.runtime import resolve_device
 
+    from dlm_toolkit import training_resume
+
     device = resolve_device(config.device)  # before anything is written: a bad device loses nothing
     out = Path(out_dir)
+    found = training_resume.find(out)
+    point = training_resume.load(found, config.model_dump(mode="json")) if resume and found else None
+    if resume and found is None:
+        raise ConfigError(f"resume: {out} holds no resume point (OUT/resume/state.json); nothing to continue")
+    if found is not None and not resume:
+        step = json.loads((found / "state.json").read_text()).get("step", "?")
+        raise ConfigError(f"out: {out} holds an interrupted run (resume point at step {step} of {config.steps}); "
+                          "continue it with --resume, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -483,15 +503,24 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
 
         mlflow.set_tracking_uri(tracking_uri)
         mlflow.set_experiment("dlm-train")
-        mlflow.start_run(run_name=out.name)
-        mlflow.log_params(config.flat())
+        if point is not None and point.mlflow_run_id and _run_exists(mlflow, point.mlflow_run_id):
+            mlflow.start_run(run_id=point.mlflow_run_id)  # the continuation extends the same curves
+        else:
+            mlflow.start_run(run_name=out.name)
+            mlflow.log_params(config.flat())
 
     history: list[dict[str, float]] = []  # one point per log_interval
     evals: list[dict[str, float]] = []
     window: list[float] = []
     stats_window: dict[str, list[float]] = {}
-    t_start, cpu_start = time.perf_counter(), time.process_time()
-    bar = tqdm(range(config.steps), desc="train", disable=not progress, unit="step")
+    first, wall0, cpu0 = 0, 0.0, 0.0
+    if point is not None:
+        training_resume.restore(point, model, opt, rng, gen)
+        first, wall0, cpu0 = point.step, point.wall_s, point.cpu_s
+        history, evals, window, stats_window = point.history, point.evals, point.window, point.stats_window
+    t_start, cpu_start = time.perf_counter() - wall0, time.process_time() - cpu0
+    bar = tqdm(range(first, config.steps), desc="train", disable=not progress, unit="step",
+               initial=first, total=config.steps)
     loss_value = float("nan")
     try:
         for step in bar:
@@ -540,10 +569,19 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
                 if mlflow is not None:
                     mlflow.log_metrics({f"eval.{k.replace('/', '.')}": v for k, v in result.items() if k != "step"},
                                        step=step + 1)
+            if config.checkpoint_interval and (step + 1) % config.checkpoint_interval == 0 and not last:
+                training_resume.save(out, training_resume.ResumePoint(
+                    step=step + 1, model=model.state_dict(), optimizer=opt.state_dict(), py_rng=rng.getstate(),
+                    noise_rng=gen.get_state(), torch_rng=torch.get_rng_state(), history=history, evals=evals,
+                    window=window, stats_window=stats_window, wall_s=time.perf_counter() - t_start,
+                    cpu_s=time.process_time() - cpu_start, config=config.model_dump(mode="json"),
+                    mlflow_run_id=mlflow.active_run().info.run_id if mlflow is not None else None))
         bar.close()
         wall = time.perf_counter() - t_start
         cpu = time.process_time() - cpu_start
         _save(model, tokenizer, config, out, wall, cpu, loss_value, history, evals)
+        for folder in ("resume", "resume.tmp"):  # the final checkpoint supersedes them
+            shutil.rmtree(out / folder, ignore_errors=True)
         if mlflow is not None:
             mlflow.log_metric("wall_time_s", wall)
             mlflow.log_artifacts(str(out), artifact_path="checkpoint")
@@ -551,6 +589,14 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
     finally:
         if mlflow is not None:
             mlflow.end_run()
+
+
+def _run_exists(mlflow: Any, run_id: str) -> bool:
+    try:
+        mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException:  # resumed against another tracking store
+        return False
+    return True
 
 
 def _save(model: LLaDA2MoeModelLM, tokenizer: Any, config: TrainConfig, out: Path, wall: float, cpu: float,

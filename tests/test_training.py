@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
+from dlm_toolkit import training, training_resume
 from dlm_toolkit.cli import main as cli_main
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.evaluate import evaluate, load_checkpoint
@@ -311,3 +313,82 @@ def test_runtime_flags_reach_the_training_run(tmp_path, capsys):
     info = json.loads((tmp_path / "bf16" / "training.json").read_text())
     assert info["config"]["dtype"] == "bfloat16" and info["config"]["threads"] == 1
     assert math.isfinite(info["final_loss_smoothed"])
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def _killed_at(monkeypatch, kill_step):
+    """Make ``train`` die at the start of step ``kill_step``, as a killed process would."""
+    real = training.lr_at
+
+    def lr_or_die(step, config):
+        if step == kill_step:
+            raise KeyboardInterrupt("killed")
+        return real(step, config)
+
+    monkeypatch.setattr(training, "lr_at", lr_or_die)
+
+
+def test_a_killed_run_resumes_to_the_same_weights_history_and_mlflow_run(tmp_path, monkeypatch):
+    import mlflow
+
+    config = TrainConfig(**TINY, tasks={"add": 1.0, "sort": 1.0}, task_params={"sort": {"min_len": 1, "max_len": 3}},
+                         steps=9, batch_tokens=128, warmup_steps=2, block_lengths=[4, 8],
+                         eval_n=2, eval_interval=4, log_interval=4, checkpoint_interval=2, seed=5)
+    uris = {name: f"sqlite:///{tmp_path / name}.db" for name in ("whole", "cut")}
+    whole = train(config, tmp_path / "whole", tracking_uri=uris["whole"], progress=False)
+    cut = tmp_path / "cut"
+    with monkeypatch.context() as m:
+        _killed_at(m, 7)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, cut, tracking_uri=uris["cut"], progress=False)
+    assert json.loads((cut / "resume" / "state.json").read_text())["step"] == 6
+    with pytest.raises(ConfigError, match="interrupted run .* step 6 of 9.*--resume"):
+        train(config, cut, progress=False)
+    with pytest.raises(ConfigError, match=r"resume: .*differs.* lr \(0.002 there, 0.003 here\)"):
+        train(config.model_copy(update={"lr": 3e-3}), cut, resume=True, progress=False)
+    resumed = train(config.model_copy(update={"threads": 1}), cut, tracking_uri=uris["cut"], progress=False,
+                    resume=True)
+    assert not (cut / "resume").exists() and not (cut / "resume.tmp").exists()
+    a, b = (load_file(p / "model.safetensors") for p in (whole, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # router biases included
+    info_a, info_b = (json.loads((p / "training.json").read_text()) for p in (whole, resumed))
+    drop = lambda hist: [{k: v for k, v in h.items() if k != "time_s"} for h in hist]  # noqa: E731
+    assert drop(info_a["history"]) == drop(info_b["history"]) and info_a["evals"] == info_b["evals"]
+    assert [e["step"] for e in info_b["evals"]] == [4, 8, 9]
+    runs = {}
+    for name, uri in uris.items():
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("dlm-train").experiment_id])
+        runs[name] = [(h.step, h.value) for h in client.get_metric_history(run.info.run_id, "loss")]
+    assert runs["cut"] == runs["whole"] and len(runs["whole"]) == 3  # one run, no gap, no duplicate
+
+
+def test_broken_or_missing_resume_points_get_a_clear_error(tmp_path, monkeypatch):
+    config = TrainConfig(**TINY, tasks={"add": 1.0}, steps=5, batch_tokens=128, warmup_steps=1, eval_n=0,
+                         checkpoint_interval=2)
+    with pytest.raises(ConfigError, match="no resume point"):
+        train(config, tmp_path / "never", resume=True, progress=False)
+    out = tmp_path / "cut"
+    with monkeypatch.context() as m:
+        _killed_at(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, out, progress=False)
+    (out / "resume").rename(out / "resume.tmp")  # killed between the two moves of the swap
+    assert training_resume.find(out) == out / "resume.tmp"
+    good = (out / "resume.tmp" / "optimizer.safetensors").read_bytes()
+    (out / "resume.tmp" / "optimizer.safetensors").write_bytes(good[:len(good) // 2])
+    with pytest.raises(ConfigError, match=r"resume: .*optimizer.safetensors is unreadable.*delete"):
+        train(config, out, resume=True, progress=False)
+    (out / "resume.tmp" / "optimizer.safetensors").write_bytes(good)
+    state = json.loads((out / "resume.tmp" / "state.json").read_text())
+    (out / "resume.tmp" / "state.json").write_text(json.dumps({**state, "step": "two"}))
+    with pytest.raises(ConfigError, match="state.json is unreadable.*step"):
+        train(config, out, resume=True, progress=False)
+    (out / "resume.tmp" / "state.json").write_text(json.dumps(state))
+    (tmp_path / "c.json").write_text(json.dumps(config.model_dump(mode="json")))
+    cmd = ["train", str(tmp_path / "c.json"), "--out", str(out), "--no-progress"]
+    assert cli_main(cmd) == 2  # a fresh run would overwrite the resume point
+    assert cli_main([*cmd, "--resume"]) == 0
+    assert json.loads((out / "training.json").read_text())["history"][-1]["step"] == 5
