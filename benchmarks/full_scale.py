@@ -38,7 +38,7 @@ from dlm_toolkit.distributed import init_from_env
 from dlm_toolkit.models import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
 
 # The official LLaDA2.1 configs (the fields the model reads). mini: inclusionAI/LLaDA2.1-mini
-# config.json; flash: DESIGN.md §3 (the routing groups are those of the family's configs).
+# config.json; flash: inclusionAI/LLaDA2.1-flash config.json (the routing groups are those of the family's configs).
 COMMON = dict(
     vocab_size=157184, head_dim=128, num_shared_experts=1, num_experts=256, num_experts_per_tok=8, n_group=8,
     topk_group=4, routed_scaling_factor=2.5, first_k_dense_replace=1, rms_norm_eps=1e-6, rope_theta=600000.0,

@@ -1,4 +1,4 @@
-"""An independent transcription of the LLaDA2.1 reference decoding (DESIGN.md §2), line by line.
+"""An independent transcription of the LLaDA2.1 reference decoding (``generate()`` of the LLaDA2.1 model code, see README.md here), line by line.
 
 Batch 1, the whole prefix recomputed every forward, plain Python control flow: nothing shared
 with dlm_toolkit's engine. Tests compare the engine against it, and ``make_mask_fixture.py``

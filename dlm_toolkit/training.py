@@ -4,8 +4,8 @@ Read in this order: :class:`TrainConfig` (every knob, with ranges), :func:`make_
 training batch: canvas layout, noise, the ``[x_t ; x_0]`` input and its attention mask),
 :func:`block_diffusion_attn_mask` (the mask rule), :func:`loss_fn`, then :func:`train`.
 
-The objective (DESIGN.md §4.5)
-------------------------------
+The objective
+-------------
 A training row is laid out exactly like an inference canvas: ``prompt ++ answer ++ EOS ...``
 up to the end of the block that holds position ``P + answer_length`` (the last of the
 ``answer_length + 1`` generated positions ``evaluate()`` asks for), blocks of ``B`` aligned at
@@ -90,7 +90,7 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # -- model (LLaDA2 MoE fields; see DESIGN.md §3)
+    # -- model (LLaDA2 MoE fields; see :class:`~dlm_toolkit.models.llada2.LLaDA2Config`)
     hidden_size: int = Field(128, ge=16, le=2048)
     num_hidden_layers: int = Field(4, ge=1, le=48)
     num_attention_heads: int = Field(4, ge=1, le=64)

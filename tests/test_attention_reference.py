@@ -19,7 +19,6 @@ import random
 from typing import Any
 
 import pytest
-import torch
 
 from dlm_toolkit import DecodingPolicy, decode
 from dlm_toolkit.testing import tiny_llada2

@@ -117,7 +117,7 @@ def test_memory_per_rank_matches_the_architecture(shape, world):
 
 
 def test_published_sizes():
-    """DESIGN.md §3: mini 16.26B parameters (~32.5 GB bf16), flash 102.9B (~206 GB)."""
+    """The released configs: mini 16.26B parameters (~32.5 GB bf16), flash 102.9B (~206 GB)."""
     for shape, params, gb in (("mini", 16.26e9, 32.5), ("flash", 102.9e9, 205.8)):
         with torch.device("meta"):
             n = sum(p.numel() for p in full_scale.LLaDA2MoeModelLM(full_scale.config(shape)).parameters())

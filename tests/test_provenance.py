@@ -9,7 +9,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 import torch
 import transformers
 
@@ -17,7 +16,7 @@ import sweep_helpers as h
 from dlm_toolkit.cli import main
 from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
 from dlm_toolkit.sweep import load_experiment, run_sweep
-from dlm_toolkit.sweep.study import load_study
+from dlm_toolkit.sweep.storage import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT = str(REPO / "checkpoints" / "testbed-editable")

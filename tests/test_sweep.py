@@ -27,7 +27,9 @@ from dlm_toolkit.sweep.pareto import (
     summarize_points,
     write_all,
 )
-from dlm_toolkit.sweep.study import load_study, run_sweep, trial_policy
+from dlm_toolkit.sweep.params import trial_policy
+from dlm_toolkit.sweep.storage import load_study
+from dlm_toolkit.sweep.study import run_sweep
 
 import sweep_helpers as h
 from sweep_helpers import restore_torch_threads  # noqa: F401
@@ -357,3 +359,32 @@ def test_median_pruning_single_objective_reports_intermediate_values(tmp_path):
 def test_shipped_experiment_files_validate(name):
     exp = load_experiment(h.REPO / "experiments" / name)
     assert exp.model == str(h.REPO / "checkpoints" / "testbed-editable") and exp.n_trials
+
+
+def test_reconcile_never_kills_a_run_that_finishes_while_it_looks(tmp_path):
+    """Another worker finishes trial 0 between reconcile's two reads (its run closes first, then
+    Optuna marks the trial COMPLETE): the run must stay FINISHED. Killed trials still get closed."""
+    import optuna
+
+    from dlm_toolkit.sweep.tracking import Tracker
+
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="t", directions=["maximize"])
+    tracker = Tracker(uri, "dlm-sweep")
+    parent = tracker.parent_run("t", storage, {}, None)
+    live, dead = study.ask(), study.ask()
+    runs = {t.number: tracker.start_trial(parent, "t", storage, t.number, {}) for t in (live, dead)}
+    study.tell(dead, state=TrialState.FAIL)  # its process died: the heartbeat failed it
+    real_search = tracker.client.search_runs
+
+    def search_then_the_other_worker_finishes(*args, **kwargs):
+        found = real_search(*args, **kwargs)
+        runs[live.number].finish("FINISHED", "COMPLETE", {"accuracy": 1.0})
+        study.tell(live, [1.0])
+        return found
+
+    tracker.client.search_runs = search_then_the_other_worker_finishes
+    closed = tracker.reconcile(study, storage)
+    assert closed == [runs[dead.number].run_id]
+    status = {n: tracker.client.get_run(r.run_id).info.status for n, r in runs.items()}
+    assert status == {live.number: "FINISHED", dead.number: "KILLED"}

@@ -16,7 +16,9 @@ from optuna.trial import TrialState
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.experiment import load_experiment
-from dlm_toolkit.sweep.study import is_counted, load_study, run_sweep
+from dlm_toolkit.sweep.storage import load_study
+from dlm_toolkit.sweep.study import run_sweep
+from dlm_toolkit.sweep.trials import is_counted
 
 import sweep_helpers as h
 
@@ -192,3 +194,29 @@ def test_concurrent_first_use_of_one_new_store_all_succeed(tmp_path):
     run_ids = {json.loads(r.stdout)["mlflow_run_id"] for r in results[:2]}
     assert len(run_ids) == 2 and None not in run_ids
     assert sum(is_counted(t) for t in load_study(f"sqlite:///{tmp_path}/new-optuna.db", "t").get_trials()) == 3
+
+
+def test_devices_place_one_worker_per_device(tmp_path):
+    from dlm_toolkit.sweep.study import place_workers
+
+    assert place_workers(1, None, ["cpu", "cpu", "cpu"]) == ["cpu"] * 3
+    assert place_workers(3, None, ["cpu", "cpu", "cpu"]) == ["cpu"] * 3
+    assert place_workers(2, "cpu") == ["cpu", "cpu"] and place_workers(1, None) == ["cpu"]
+    with pytest.raises(ConfigError, match="workers: 3 workers but 2 devices"):
+        place_workers(3, None, ["cpu", "cpu"])
+    with pytest.raises(ConfigError, match="device: 'cuda:0'"):
+        place_workers(1, None, ["cpu", "cuda:0"])
+    with pytest.raises(ConfigError, match="device: 'tpu'"):
+        place_workers(2, "tpu")
+
+    f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=8, n_trials=4))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    base = ["sweep", str(f), "--storage", storage, "--tracking-uri", uri, "--threads", "1", "--no-progress"]
+    bad = h.dlm(*base, "--devices", "cpu,cuda:0", cwd=tmp_path)
+    assert bad.returncode == 2 and "device: 'cuda:0'" in bad.stderr
+    assert not (tmp_path / "optuna.db").exists() and _worker_children() == []  # nothing written, nobody left
+    ok = h.dlm(*base, "--devices", "cpu,cpu", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    trials = load_study(storage, "t").get_trials()
+    assert sum(is_counted(t) for t in trials) == 4
+    assert {r.data.tags.get("provenance.device") for r in h.runs(uri) if r.data.tags.get("kind") == "trial"} == {"cpu"}

@@ -7,7 +7,7 @@ A checkpoint folder holds ``config.json`` (``model_type: llada2_moe``) and eithe
 Memory: the model is built on the ``meta`` device (no random init, no storage), every key and
 shape is checked against the safetensors headers before any tensor data is read, and tensors are
 then read one at a time and assigned into the module. Peak RAM is therefore about one model copy
-plus one tensor. For the released models (DESIGN.md §3 configs, router weights kept in float32):
+plus one tensor. For the released models (their released configs, router weights kept in float32):
 
 * LLaDA2 mini: 16.26B parameters (1.43B active per token) -> ~32.5 GB in bfloat16, one GPU.
 * LLaDA2 flash: 102.9B parameters (6.15B active) -> ~206 GB in bfloat16: several GPUs. Pass

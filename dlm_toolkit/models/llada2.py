@@ -4,10 +4,10 @@ Read top to bottom: config, tensor parallelism, norms and RoPE, attention (with 
 cache), the dense SwiGLU MLP, the MoE layer (router + stacked experts run by one grouped GEMM per
 projection), the decoder layer and the model. ``state_dict()`` keys are the keys of the released
 ``model.safetensors`` files, per-expert names included (the stacked expert weights are split into
-``experts.{e}.{gate,up,down}_proj.weight`` views on the way out and stacked on the way in), see
-DESIGN.md §3 and the conformance README.
+``experts.{e}.{gate,up,down}_proj.weight`` views on the way out and stacked on the way in); the
+reference semantics this file must reproduce are in ``conformance/README.md``.
 
-Several devices (DESIGN.md §3b): built with a :class:`TensorParallel` of ``world`` ranks, each
+Several devices: built with a :class:`TensorParallel` of ``world`` ranks, each
 module holds only its rank's part (attention heads, dense/shared MLP columns then rows, a range of
 routed experts) and the decoder layer all-reduces once after attention and once after the MLP/MoE.
 Every rank then holds the same hidden states and logits, bit for bit.

@@ -1,4 +1,4 @@
-"""Optuna sweeps over decoding policies, tracked in MLflow (DESIGN §4.6–4.7).
+"""Optuna sweeps over decoding policies, tracked in MLflow (experiment files: ``experiments/README.md``).
 
 * :func:`load_experiment` — read and validate an experiment YAML (``experiments/README.md``);
 * :func:`run_sweep` — run or resume a study until it holds ``n_trials`` finished trials;
@@ -18,7 +18,7 @@ _EXPORTS = {
     "load_experiment": "dlm_toolkit.sweep.experiment",
     "run_sweep": "dlm_toolkit.sweep.study",
     "SweepResult": "dlm_toolkit.sweep.study",
-    "load_study": "dlm_toolkit.sweep.study",
+    "load_study": "dlm_toolkit.sweep.storage",
     "summarize": "dlm_toolkit.sweep.pareto",
     "ParetoSummary": "dlm_toolkit.sweep.pareto",
     "log_eval_run": "dlm_toolkit.sweep.tracking",

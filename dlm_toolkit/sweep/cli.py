@@ -132,7 +132,7 @@ def open_hints(storage: str, tracking_uri: str, study_name: str) -> str:
 # -- pareto ------------------------------------------------------------------------------------
 def cmd_pareto(args: argparse.Namespace) -> int:
     from dlm_toolkit.sweep.pareto import format_table, summarize, write_all
-    from dlm_toolkit.sweep.study import load_study
+    from dlm_toolkit.sweep.storage import load_study
 
     study = load_study(args.storage, args.study_name)
     summary = summarize(study)
@@ -198,7 +198,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     ``threads``: as :func:`~dlm_toolkit.evaluate.evaluate`'s."""
     from dlm_toolkit.config import load_policy
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
-    from dlm_toolkit.sweep.study import load_study
+    from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
 
     study = load_study(storage, study_name)

@@ -16,7 +16,7 @@ Definitions (also printed in ``dlm pareto`` and logged to the study's MLflow par
 * **speedup at quality** (per preset): the highest ``tpf / preset tpf`` over COMPLETE trials
   whose accuracy is >= the preset's accuracy.
 
-TPF counts generated tokens up to and including the first EOS, per forward (DESIGN §1).
+TPF counts generated tokens up to and including the first EOS, per forward.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MLflow tracking of sweeps and single evaluations.
 
-Layout (DESIGN §4.7):
+Layout:
 
 * one **parent run** per study (``kind=study``), found again on resume by its tags
   ``study_name`` and ``storage`` (the Optuna storage URL, password hidden), never duplicated;
@@ -256,6 +256,11 @@ class Tracker:
         from optuna.trial import TrialState
 
         tag = hide_password(storage)
+        # Trials first, runs second: a worker closes a trial's run before Optuna marks the trial
+        # finished, so a trial still RUNNING in this snapshot protects a run that ends meanwhile,
+        # and a finished trial's run is already closed when the runs are read. (The other order
+        # killed runs that finished between the two reads.)
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
         runs = _retry(self.client.search_runs, [self.experiment_id],
                       filter_string=f"tags.kind = '{KIND_TRIAL}' and attributes.status = 'RUNNING'",
                       max_results=5000)
@@ -263,7 +268,6 @@ class Tracker:
                 and r.data.tags.get("storage") == tag]
         if not mine:
             return []
-        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
         retried = {}
         for t in trials.values():
             for n in t.system_attrs.get("retry_history", []):

@@ -1,0 +1,132 @@
+"""Optuna storage and study life cycle: open any SQLAlchemy URL (heartbeats, retries of dead
+trials), create a study or resume it after checking its settings, load an existing one.
+
+See :mod:`dlm_toolkit.sweep.study` for what a resumed sweep keeps and redoes.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.sweep.experiment import Experiment
+from dlm_toolkit.sweep.params import make_pruner, make_sampler
+from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, hide_password
+
+DEFAULT_STORAGE = "sqlite:///optuna.db"
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_HEARTBEAT = 10
+MAX_RETRY = 3
+
+
+def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, grace_period: int | None = None) -> Any:
+    """An Optuna ``RDBStorage`` for any SQLAlchemy URL, with heartbeat and retry of dead trials.
+
+    Raises:
+        ConfigError: a SQLite file in a missing folder, a missing database driver, an
+            unreachable server, or any other failure to open the storage.
+    """
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    check_sqlite_folder(url, "storage")
+    if url.startswith("sqlite"):
+        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
+    elif url.startswith(("postgresql", "mysql")):
+        engine_kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            kwargs: dict[str, Any] = {}
+            if heartbeat_interval:
+                kwargs = {"heartbeat_interval": int(heartbeat_interval),
+                          "grace_period": int(grace_period or 3 * heartbeat_interval),
+                          "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)}
+            with creation_lock(url):  # schema creation and migration: one process at a time
+                return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"storage {hide_password(url)!r}: database driver not installed ({err}); "
+                          "e.g. pip install psycopg2-binary for postgresql://") from None
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"storage {hide_password(url)!r}: cannot open: {first}") from None
+
+
+def load_study(storage: str | Any, study_name: str) -> Any:
+    """An existing study (``ConfigError`` listing the storage's studies if there is none)."""
+    import optuna
+
+    if isinstance(storage, str):
+        from dlm_toolkit.sweep.tracking import sqlite_file
+
+        check_sqlite_folder(storage, "storage")
+        db = sqlite_file(storage)
+        if db is not None and not db.exists():
+            raise ConfigError(f"storage {storage!r}: database file {db} does not exist")
+    store = open_storage(storage, heartbeat_interval=None) if isinstance(storage, str) else storage
+    try:
+        return optuna.load_study(study_name=study_name, storage=store)
+    except KeyError:
+        names = optuna.get_all_study_names(store)
+        raise ConfigError(f"no study named {study_name!r} in {hide_password(str(getattr(store, 'url', storage)))}"
+                          f" (studies: {', '.join(names) or 'none'})") from None
+
+
+@contextmanager
+def optuna_quiet() -> Iterator[None]:
+    """Optuna logs every trial (and a traceback per failure); the sweep prints its own lines."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
+    """Create the study, or load it after checking it was made with the same settings."""
+    import optuna
+
+    import dlm_toolkit
+
+    with optuna_quiet():
+        study = optuna.create_study(storage=storage, study_name=study_name, directions=exp.directions,
+                                    sampler=make_sampler(exp), pruner=make_pruner(exp), load_if_exists=True)
+    started = len(study.get_trials(deepcopy=False))
+    if started:
+        study.sampler = make_sampler(exp, 0, started)  # a resumed study: continue, do not replay
+    stored = study.user_attrs.get("experiment")
+    if stored is None:
+        if study.get_trials(deepcopy=False):
+            raise ConfigError(f"study {study_name!r} already exists and was not created by `dlm sweep` "
+                              "(no 'experiment' user attribute); choose another --study-name")
+        if [d.name.lower() for d in study.directions] != exp.directions:
+            raise ConfigError(f"study {study_name!r} exists with directions "
+                              f"{[d.name.lower() for d in study.directions]}; choose another --study-name")
+        study.set_user_attr("experiment", exp.settings())
+        study.set_user_attr("dlm_toolkit_version", dlm_toolkit.__version__)
+        return study
+    now = exp.result_settings()
+    old = {k: stored.get(k) for k in now}
+    if json.dumps(old, sort_keys=True) != json.dumps(now, sort_keys=True):
+        changed = [k for k in now if json.dumps(old[k], sort_keys=True) != json.dumps(now[k], sort_keys=True)]
+        detail = "; ".join(f"{k}: {_short(old[k])} -> {_short(now[k])}" for k in changed)
+        raise ConfigError(f"study {study_name!r} was created with different settings ({detail}); "
+                          "resume it with the original experiment file or use another --study-name")
+    if stored != exp.settings():  # operational settings (sampler, pruning, presets, ...) may change
+        study.set_user_attr("experiment", exp.settings())
+    return study
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."

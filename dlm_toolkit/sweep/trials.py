@@ -1,0 +1,252 @@
+"""Trials in one process: which trials count toward ``n_trials``, and :class:`TrialRunner`, which
+evaluates trials of a study (model loaded once, one MLflow run per trial) until the study is full."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dlm_toolkit import provenance
+from dlm_toolkit.config import ConfigError, load_policy
+from dlm_toolkit.sweep.experiment import Experiment
+from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
+from dlm_toolkit.sweep.pareto import encode_outcomes
+from dlm_toolkit.sweep.storage import MAX_RETRY, optuna_quiet
+from dlm_toolkit.sweep.tracking import Tracker, TrialRun
+
+def is_counted(trial: Any) -> bool:
+    """Whether a trial counts toward ``n_trials`` (see the module docstring)."""
+    from optuna.trial import TrialState
+
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return trial.state == TrialState.FAIL and bool(trial.user_attrs.get("error"))
+
+
+FOREIGN_AFTER_S = 120.0
+
+
+def is_ours_running(trial: Any) -> bool:
+    """A RUNNING trial of a sweep worker (alive, or dead until its heartbeat expires).
+
+    A sweep trial records its ``worker`` within moments of starting. A RUNNING trial without it
+    after ``FOREIGN_AFTER_S`` seconds was made by something else (``study.ask()`` in a notebook);
+    it has no heartbeat and would never finish, so sweeps do not wait for it.
+    """
+    import datetime
+
+    from optuna.trial import TrialState
+
+    if trial.state != TrialState.RUNNING:
+        return False
+    if trial.user_attrs.get("worker") or trial.datetime_start is None:
+        return True
+    age = (datetime.datetime.now() - trial.datetime_start).total_seconds()
+    return age < FOREIGN_AFTER_S
+
+
+@dataclass
+class Counts:
+    counted: int
+    running: int
+    waiting: int
+    complete: int
+    pruned: int
+    failed: int  # with an error (counted)
+
+    @classmethod
+    def of(cls, study: Any) -> Counts:
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        return cls(
+            counted=sum(is_counted(t) for t in trials),
+            running=sum(is_ours_running(t) for t in trials),
+            waiting=sum(t.state == TrialState.WAITING for t in trials),
+            complete=sum(t.state == TrialState.COMPLETE for t in trials),
+            pruned=sum(t.state == TrialState.PRUNED for t in trials),
+            failed=sum(t.state == TrialState.FAIL and bool(t.user_attrs.get("error")) for t in trials),
+        )
+
+
+class _Surplus(Exception):
+    """This trial would exceed ``n_trials`` (another worker got there first)."""
+
+
+class _Pruned(Exception):
+    pass
+
+
+class TrialRunner:
+    """Runs trials of one study in this process: model loaded once, one MLflow run per trial."""
+
+    def __init__(self, exp: Experiment, study: Any, storage_url: str, n_trials: int, tracker: Tracker,
+                 parent_run_id: str, model: Any = None, tokenizer: Any = None,
+                 echo: Any = None, device: str | None = None, dtype: str | None = None) -> None:
+        from dlm_toolkit.tasks import get_task
+
+        self.exp, self.study, self.storage_url, self.n_trials = exp, study, storage_url, n_trials
+        self.tracker, self.parent_run_id = tracker, parent_run_id
+        if model is None:
+            from dlm_toolkit.evaluate import load_checkpoint
+
+            model, tokenizer = load_checkpoint(exp.model, device=device, dtype=dtype)
+        self.model, self.tokenizer = model, tokenizer
+        self.task = get_task(exp.task, **exp.task_args)
+        self.echo = echo or (lambda msg: print(msg, file=sys.stderr))
+
+    def objective(self, trial: Any) -> list[float]:
+        import optuna
+
+        from dlm_toolkit.evaluate import evaluate
+
+        self._check_surplus(trial)
+        import torch
+
+        exp = self.exp
+        preset = trial.user_attrs.get("preset")
+        run: TrialRun | None = None
+        for stale in ("metrics", "outcomes", "plugin_hashes", "pruned_at", "interrupted", "policy", "policy_hash", "mlflow_run_id"):
+            if trial.user_attrs.get(stale) is not None:  # a retry inherits its predecessor's attributes
+                trial.set_user_attr(stale, None)
+        try:
+            run = self.tracker.start_trial(self.parent_run_id, self.study.study_name, self.storage_url,
+                                           trial.number, {"task": exp.task, "checkpoint": exp.model,
+                                                          "seed": exp.seed, "preset": preset})
+            trial.set_user_attr("mlflow_run_id", run.run_id)
+            trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+            if preset:
+                policy = load_policy(json.loads(trial.user_attrs["preset_policy"]))
+                fixed = preset_params(exp, policy)  # enqueued as fixed params: suggest returns them
+                params = {k: exp.search_space[k].suggest(trial, k) for k in fixed}
+            else:
+                params = sample_params(trial, exp)
+                try:
+                    policy = trial_policy(exp, params)
+                except ConfigError:
+                    run.log_params(params)
+                    raise
+            trial.set_user_attr("policy", policy.canonical_json())
+            trial.set_user_attr("policy_hash", policy.config_hash())
+            run.log_policy(policy)
+            prov = provenance.collect(policy, self.model)
+            run.log_provenance(prov)
+            trial.set_user_attr("plugin_hashes", provenance.plugin_hashes(prov))  # dlm replay compares
+
+            def on_batch(n_done: int, running: Mapping[str, float]) -> None:
+                run.log_running(n_done, running)
+                if not preset:  # presets are the reference points: never pruned
+                    self._maybe_prune(trial, n_done, running)
+
+            result = evaluate(self.model, self.tokenizer, self.task, policy, exp.n, exp.seed,
+                              batch_size=exp.batch_size, progress=False, on_batch=on_batch,
+                              threads=torch.get_num_threads())  # run_sweep chose this process's share
+            metrics = {k: float(v) for k, v in result.metrics.items()}
+            trial.set_user_attr("metrics", metrics)
+            trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
+            run.log_records(result.records)
+            run.finish("FINISHED", "COMPLETE", metrics)
+            return [metrics[m] for m in exp.metric_names]
+        except _Pruned as pruned:
+            if run is not None:
+                run.finish("FINISHED", "PRUNED", tags={"pruned_at": str(pruned)})
+            raise optuna.TrialPruned(str(pruned)) from None
+        except optuna.TrialPruned as pruned:
+            if run is not None:
+                run.finish("FINISHED", "PRUNED", tags={"pruned_at": str(pruned)})
+            raise
+        except Exception as err:
+            message = f"{type(err).__name__}: {err}"
+            trial.set_user_attr("error", message)
+            self.echo(f"trial {trial.number} FAILED: {message}")
+            if run is not None:
+                run.finish("FAILED", "FAIL", tags={"error": message})
+            raise
+        except BaseException:  # KeyboardInterrupt, SystemExit: retried on the next run
+            trial.set_user_attr("interrupted", True)
+            if run is not None and not run.closed:
+                try:
+                    run.finish("KILLED", "KILLED", tags={"killed_reason": "interrupted"})
+                except Exception:
+                    pass
+            raise
+
+    def _check_surplus(self, trial: Any) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        counted = sum(is_counted(t) for t in trials)
+        before = sum(is_ours_running(t) and t.number < trial.number for t in trials)
+        if counted + before >= self.n_trials:
+            trial.set_user_attr("surplus", True)
+            raise _Surplus(f"trial {trial.number} would exceed n_trials={self.n_trials}")
+
+    def _maybe_prune(self, trial: Any, n_done: int, running: Mapping[str, float]) -> None:
+        rule = self.exp.pruning
+        if rule.rule == "threshold":
+            if n_done >= rule.after and running["accuracy"] < rule.min_quality:
+                info = {"n": n_done, "accuracy": running["accuracy"], "rule": f"accuracy < {rule.min_quality}"}
+                trial.set_user_attr("pruned_at", info)
+                raise _Pruned(f"running accuracy {running['accuracy']:.4g} < {rule.min_quality} after {n_done} instances")
+        elif rule.rule == "median":
+            metric = self.exp.metric_names[0]
+            trial.report(float(running[metric]), n_done)
+            if trial.should_prune():
+                trial.set_user_attr("pruned_at", {"n": n_done, metric: running[metric], "rule": "median"})
+                raise _Pruned(f"median rule: running {metric} {running[metric]:.4g} after {n_done} instances")
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, on_progress: Any = None, poll: float = 1.0) -> Counts:
+        """Run trials until the study has ``n_trials`` finished ones (see module docstring)."""
+        from optuna.storages import fail_stale_trials
+
+        study = self.study
+        told_waiting = False
+        while True:
+            with optuna_quiet():
+                fail_stale_trials(study)
+            self.tracker.reconcile(study, self.storage_url)
+            counts = Counts.of(study)
+            if on_progress is not None:
+                on_progress(counts)
+            if counts.counted >= self.n_trials:
+                return counts
+            exhausted = counts.waiting == 0 and grid_exhausted(study)
+            if exhausted and counts.running == 0:
+                self.echo(f"grid exhausted after {counts.counted} trials (n_trials={self.n_trials})")
+                return counts
+            if not exhausted and counts.counted + counts.running < self.n_trials:
+                told_waiting = False
+                try:
+                    with optuna_quiet():
+                        study.optimize(self.objective, n_trials=1, catch=(Exception,))
+                except KeyboardInterrupt:
+                    self._requeue_interrupted()
+                    raise
+                continue
+            if not told_waiting:
+                self.echo(f"waiting for {counts.running} running trial(s) to finish: another worker's, or one "
+                          "whose process died (retried once its heartbeat expires)")
+                told_waiting = True
+            time.sleep(poll)
+
+    def _requeue_interrupted(self) -> None:
+        """Interrupted trials are retried like killed ones (same params, same user attributes)."""
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+        from optuna.trial import TrialState
+
+        retried = {n for t in self.study.get_trials(deepcopy=False) for n in t.system_attrs.get("retry_history", [])}
+        with optuna_quiet():
+            for t in self.study.get_trials(deepcopy=False):
+                if t.state == TrialState.FAIL and t.user_attrs.get("interrupted") and t.number not in retried:
+                    RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(self.study, t)
+
+
+def grid_exhausted(study: Any) -> bool:
+    import optuna
+
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
