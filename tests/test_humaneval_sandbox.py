@@ -130,8 +130,11 @@ def test_child_process_cannot_be_spawned_or_outlive(task: HumanEvalTask, first: 
     _assert_no_survivors(marker)
 
 
+PROCESS = {"isolation": "process", "unsafe_exec": True}  # the layers --unsafe-exec leaves
+
+
 def test_process_group_is_killed_even_without_prelude() -> None:
-    """OS-level layer: children (and orphaned grandchildren) die when the code ends."""
+    """Process layer: children (and orphaned grandchildren) die when the code ends."""
     marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
     code = (
         "import os, subprocess, sys, time\n"
@@ -142,13 +145,14 @@ def test_process_group_is_killed_even_without_prelude() -> None:
         "    os._exit(0)\n"
         "time.sleep(0.3)\n"
     )
-    res = run_python(code, guard=False)
-    assert res.passed, res.stderr_tail
-    _assert_no_survivors(marker)
-    # ... and on timeout as well.
-    res = run_python(code + "time.sleep(60)\n", guard=False, timeout_s=1.0)
-    assert res.timed_out and not res.passed
-    _assert_no_survivors(marker)
+    for layers in (PROCESS, {}):  # and under bubblewrap
+        res = run_python(code, guard=False, **layers)
+        assert res.passed, res.stderr_tail
+        _assert_no_survivors(marker)
+        # ... and on timeout as well.
+        res = run_python(code + "time.sleep(60)\n", guard=False, timeout_s=1.0, **layers)
+        assert res.timed_out and not res.passed
+        _assert_no_survivors(marker)
 
 
 def test_unguarded_fork_bomb_is_contained() -> None:
@@ -166,14 +170,14 @@ def test_unguarded_fork_bomb_is_contained() -> None:
         "    n += 1\n"
         "print('forked', n)\n"
     )
-    res = run_python(code, guard=False, max_processes=8, timeout_s=5.0)
-    assert res.passed, res.stderr_tail
-    forked = int(res.stdout_tail.split()[-1])
-    if sandbox_info().nproc_limited:
-        assert forked < 8
-    else:
-        assert forked == 48
-    _assert_no_survivors(marker)
+    # RLIMIT_NPROC = max_processes + the user's tasks at the start: bubblewrap's own processes and
+    # concurrent runs as 'nobody' add a few; an uncontained bomb reaches 48
+    for layers, limited in ((PROCESS, sandbox_info().nproc_limited), ({}, True)):  # bwrap: never uid 0
+        res = run_python(code, guard=False, max_processes=8, timeout_s=5.0, **layers)
+        assert res.passed, res.stderr_tail
+        forked = int(res.stdout_tail.split()[-1])
+        assert (forked < 8 + 6) if limited else (forked == 48), (layers, forked)
+        _assert_no_survivors(marker)
 
 
 def test_memory_hog_is_killed(first: Instance) -> None:
@@ -210,26 +214,26 @@ def test_socket_connect_fails(first: Instance) -> None:
         assert task.score(first, bypass) == 0.0
         create = f"    import socket\n    socket.create_connection(('127.0.0.1', {port}))\n"
         assert task.score(first, create) == 0.0
-        # Without the prelude, a network namespace (when available) still blocks it.
-        res = run_python(
-            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n",
-            guard=False,
-        )
+        # Without the prelude: bubblewrap's network namespace blocks it; the process layer does
+        # where the kernel lets it create one.
+        connect = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        assert not run_python(connect, guard=False).passed
+        res = run_python(connect, guard=False, **PROCESS)
         assert res.passed == (not sandbox_info().network_namespace)
-        if sandbox_info().network_namespace:
-            with pytest.raises(BlockingIOError):
-                server.accept()
+        with pytest.raises(BlockingIOError):
+            server.accept()
     finally:
         server.close()
 
 
 # ----------------------------------------------------------------------------- hygiene
 def test_environment_stdin_tmpdir_and_output_cap() -> None:
-    res = run_python("import os\nprint(os.getcwd())\nprint(sorted(os.environ))\n")
-    assert res.passed
-    cwd_line, env_line = res.stdout_tail.strip().splitlines()
-    assert not Path(cwd_line).exists()  # temporary directory deleted afterwards
-    assert set(eval(env_line)) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "LC_CTYPE"}
+    for layers in (PROCESS, {}):
+        res = run_python("import os\nprint(os.getcwd())\nprint(sorted(os.environ))\n", **layers)
+        assert res.passed
+        cwd_line, env_line = res.stdout_tail.strip().splitlines()
+        assert not Path(cwd_line).exists() or cwd_line == "/sandbox"  # deleted afterwards / private
+        assert set(eval(env_line)) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "LC_CTYPE", "PWD"}
     start = time.perf_counter()
     assert not run_python("input()\n", timeout_s=5.0).passed  # EOF at once, no hang
     assert time.perf_counter() - start < 2.0
@@ -239,12 +243,117 @@ def test_environment_stdin_tmpdir_and_output_cap() -> None:
 
 
 def test_privileges_match_reported_isolation() -> None:
-    res = run_python("import os\nprint(os.getuid())\n")
+    info = sandbox_info()
+    res = run_python("import os\nprint(os.getuid())\n", **PROCESS)
     assert res.passed
     uid = int(res.stdout_tail)
-    info = sandbox_info()
     if info.drops_privileges:
         assert uid != 0 and os.geteuid() == 0
     else:
         assert uid == os.geteuid()
+    boxed = run_python("import os\nprint(os.getuid())\n")
+    assert boxed.passed and int(boxed.stdout_tail) == (65534 if os.geteuid() == 0 else os.geteuid())
     assert sandbox_info(sys.executable) is sandbox_info(sys.executable)  # cached probe
+
+
+# ----------------------------------------------------------------------------- the OS sandbox
+def _hostile_rows(marker: str, outside: Path, secret: str) -> dict[str, str]:
+    """HumanEval completions (function bodies) that try to escape, harm the host or forge a pass."""
+    return {
+        "setsid + execv outlives the run": (
+            "    import posix\n    posix.setsid()\n"
+            f"    posix.execv('/bin/sleep', ['{marker}', '300'])\n"),
+        "kill the parent": "    import posix\n    posix.kill(posix.getppid(), 9)\n    return True\n",
+        "kill every process it can": "    import posix\n    posix.kill(-1, 9)\n    return True\n",
+        "wrong body + posix._exit(0)": "    import posix\n    posix._exit(0)\n",
+        "wrong body + kill itself": "    import posix\n    posix.kill(posix.getpid(), 9)\n",
+        "forge the result pipe": (
+            "    import posix\n    for fd in range(3, 64):\n        try:\n"
+            "            posix.write(fd, b'0' * 32)\n        except OSError:\n            pass\n"
+            "    posix._exit(0)\n"),
+        "ctypes libc _exit(0)": (
+            "    import sys\n    for m in ('ctypes', '_ctypes'):\n        sys.modules.pop(m, None)\n"
+            "    import ctypes\n    ctypes.CDLL(None)._exit(0)\n"),
+        "write outside": (
+            f"    for p in ({str(outside)!r}, '/usr/lib/dlm-leak', '/root/dlm-leak', '/etc/dlm-leak'):\n"
+            "        try:\n            open(p, 'w').write('x')\n        except OSError:\n            pass\n"
+            "    return True\n"),
+        "read the parent's environment": (
+            "    import posix\n    for pid in posix.listdir('/proc'):\n        try:\n"
+            "            print(open(f'/proc/{pid}/environ', 'rb').read())\n        except (OSError, ValueError):\n"
+            f"            pass\n    print(open('/proc/{os.getpid()}/environ', 'rb').read())\n"),
+        "50 forks": (
+            "    import posix\n    for _ in range(50):\n        try:\n            if posix.fork() == 0:\n"
+            f"                posix.execv('/bin/sleep', ['{marker}', '300'])\n        except OSError:\n"
+            "            pass\n    return True\n"),
+        "socket through _socket": (
+            "    import sys\n    sys.modules.pop('_socket', None)\n    import _socket\n"
+            "    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+            "    s.connect(('1.1.1.1', 53))\n    return True\n"),
+    }
+
+
+def test_hostile_completions_score_zero_and_leave_nothing(first: Instance, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row runs through the real bubblewrap sandbox (the default): it scores 0, no process of
+    it survives, nothing is written outside, the evaluator and the host's processes keep running."""
+    import subprocess
+
+    assert sandbox_info().bwrap is not None, sandbox_info().bwrap_problem  # CI installs bubblewrap
+    marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
+    secret = uuid.uuid4().hex
+    monkeypatch.setenv("DLM_SANDBOX_SECRET", secret)
+    outside = tmp_path / "leak"
+    bystander = subprocess.Popen(["sleep", "60"])  # a host process the code must not be able to kill
+    task = HumanEvalTask(timeout_s=3.0)
+    try:
+        for name, body in _hostile_rows(marker, outside, secret).items():
+            res = task.run(first, body)
+            assert not res.passed, name
+            assert secret not in res.stdout_tail + res.stderr_tail, name
+            _assert_no_survivors(marker)
+            assert bystander.poll() is None, f"{name}: killed a host process"
+        assert not outside.exists()
+        for path in ("/usr/lib/dlm-leak", "/root/dlm-leak", "/etc/dlm-leak"):
+            assert not Path(path).exists()
+        assert task.score(first, first.reference) == 1.0  # the evaluator still works
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_forged_exit_never_passes_without_the_token() -> None:
+    for layers in (PROCESS, {}):
+        assert run_python("x = 1\n", **layers).passed
+        for early in ("import posix\nposix._exit(0)\n", "import sys\nsys.exit(0)\n",
+                      "import posix\nposix.kill(posix.getpid(), 9)\n"):
+            res = run_python(early, **layers)
+            assert not res.passed, (layers, early)
+
+
+def test_without_bubblewrap_untrusted_code_is_refused_unless_unsafe_exec(tmp_path, monkeypatch, capsys) -> None:
+    from dlm_toolkit.cli import main as cli_main
+    from dlm_toolkit.tasks.sandbox import SandboxUnavailable, check_isolation
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without bwrap
+    sandbox_info.cache_clear()
+    try:
+        info = sandbox_info()
+        assert info.bwrap is None and "bwrap" in info.bwrap_problem
+        with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap.*--unsafe-exec"):
+            HumanEvalTask()
+        with pytest.raises(SandboxUnavailable):
+            run_python("x = 1\n")
+        with pytest.raises(SandboxUnavailable, match="unsafe_exec"):
+            run_python("x = 1\n", isolation="process")
+        assert check_isolation(unsafe_exec=True) == "process"
+        task = HumanEvalTask(unsafe_exec=True)
+        problem = task.instances(1, 0, "eval")[0]
+        assert task.isolation == "process" and task.score(problem, problem.reference) == 1.0
+        ckpt = str(Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-editable")
+        cmd = ["eval", "--checkpoint", ckpt, "--task", "humaneval", "--n", "1"]
+        assert cli_main(cmd) == 2
+        assert "bubblewrap" in capsys.readouterr().err
+    finally:
+        monkeypatch.undo()
+        sandbox_info.cache_clear()

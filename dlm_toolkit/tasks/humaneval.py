@@ -19,7 +19,7 @@ from importlib import resources
 from typing import Any
 
 from .base import Instance, Split, Task, _check_args
-from .sandbox import SandboxResult, run_python
+from .sandbox import SandboxResult, check_isolation, run_python
 
 __all__ = ["HumanEvalTask", "load_humaneval_problems"]
 
@@ -55,6 +55,10 @@ class HumanEvalTask(Task):
             The default 512 covers 159 of the 164 canonical solutions (longest: 864).
         timeout_s: wall-clock limit per test run.
         memory_mb: address-space limit per test run.
+        unsafe_exec: run completions without the bubblewrap sandbox where it is unavailable
+            (process-level limits only). Without it, constructing the task on such a machine
+            raises :class:`~dlm_toolkit.tasks.sandbox.SandboxUnavailable` -- before anything
+            is decoded.
     """
 
     name = "humaneval"
@@ -64,13 +68,16 @@ class HumanEvalTask(Task):
     _parallel_scoring = True
 
     def __init__(
-        self, answer_length: int = 512, timeout_s: float = 5.0, memory_mb: int = 1024
+        self, answer_length: int = 512, timeout_s: float = 5.0, memory_mb: int = 1024,
+        unsafe_exec: bool = False,
     ) -> None:
         if answer_length <= 0:
             raise ValueError(f"answer_length must be > 0, got {answer_length}")
         self.answer_length = answer_length
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
+        self.unsafe_exec = unsafe_exec
+        self.isolation = check_isolation(unsafe_exec)
 
     eval_size = NUM_PROBLEMS
 
@@ -127,7 +134,8 @@ class HumanEvalTask(Task):
     def run(self, instance: Instance, completion: str) -> SandboxResult:
         """Run the tests of ``instance`` against ``completion``; full sandbox report."""
         return run_python(
-            self.program(instance, completion), timeout_s=self.timeout_s, memory_mb=self.memory_mb
+            self.program(instance, completion), timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+            unsafe_exec=self.unsafe_exec, isolation=self.isolation,
         )
 
     def score(self, instance: Instance, completion: str) -> float:
@@ -140,5 +148,5 @@ class HumanEvalTask(Task):
     def __repr__(self) -> str:
         return (
             f"HumanEvalTask(answer_length={self.answer_length}, timeout_s={self.timeout_s}, "
-            f"memory_mb={self.memory_mb})"
+            f"memory_mb={self.memory_mb}, isolation={self.isolation!r})"
         )

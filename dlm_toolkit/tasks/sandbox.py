@@ -1,7 +1,29 @@
-"""Run untrusted Python (model-written code) in a throw-away, resource-limited subprocess.
+"""Run untrusted Python (model-written code) in a throw-away, isolated, resource-limited process.
 
 :func:`run_python` executes ``code`` in a fresh ``python -I`` process and reports whether it
-finished without an exception. Layers of containment, outermost first:
+finished without an exception.
+
+**The OS sandbox (default): bubblewrap.** The code runs under ``bwrap`` (Debian package
+``bubblewrap``) with new user, PID, network, mount, IPC, UTS and cgroup namespaces, every
+capability dropped, ``--die-with-parent`` and ``--new-session``. Its file system is an empty
+tmpfs holding ``/usr`` (read-only), the interpreter's prefix (read-only), a private ``/tmp`` and
+the run's own working folder: nothing of the host is writable and nothing else is visible. In
+its PID namespace it sees only itself (no parent to kill, no ``/proc/<parent>/environ`` to read),
+and when the run ends the namespace's init exits, which kills everything left in it. As root,
+``bwrap`` itself starts as ``nobody``, so the code runs with an unprivileged uid on the host too
+and ``RLIMIT_NPROC`` stops fork bombs (the kernel never enforces it for uid 0). Where ``bwrap``
+is missing or cannot create namespaces, :func:`run_python` refuses (:class:`SandboxUnavailable`)
+unless the caller passes ``unsafe_exec=True`` (``--unsafe-exec``; never silently weaker): then
+only the process-level layers below apply.
+
+**The verdict cannot come from an exit code.** The harness hands the child a per-run random
+token through a pipe and the child writes it to a second pipe only after ``exec(code)`` returned
+normally; a run passes iff that token comes back *and* the process exits 0 in time. Exiting
+early (``sys.exit(0)``, ``posix._exit(0)``, killing itself) therefore never passes. (Code that
+deliberately reads the harness's own pipe out of its process could still forge the token; the
+namespaces above keep it from harming anything while it does.)
+
+Layers inside the sandbox (and, with ``unsafe_exec``, the only ones), outermost first:
 
 1. **Process lifetime.** The child starts in a new session (its own process group). When the
    code finishes *or* the wall-clock timeout hits, the whole group gets ``SIGKILL`` while the
@@ -36,7 +58,7 @@ A run *passes* iff the code ran to its end without raising (``SystemExit`` inclu
 ``sys.exit(0)`` before the tests counts as a failure) and without timing out; with the prelude
 installed (``os._exit`` disabled), only the trusted runner can exit with status 0.
 
-:func:`sandbox_info` reports which optional layers are active on this machine.
+:func:`sandbox_info` reports which layers are active on this machine.
 """
 
 from __future__ import annotations
@@ -56,10 +78,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SandboxInfo", "SandboxResult", "run_python", "sandbox_info"]
+from dlm_toolkit.config import ConfigError
+
+__all__ = ["SandboxInfo", "SandboxResult", "SandboxUnavailable", "run_python", "sandbox_info"]
 
 _TAIL_CHARS = 4000
 _SANDBOX_USER = "nobody"
+_SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+class SandboxUnavailable(ConfigError):
+    """The OS sandbox cannot run here and the caller did not accept running without it."""
 
 
 @dataclass(frozen=True)
@@ -91,13 +120,16 @@ class SandboxInfo:
     drops_privileges: bool
     nproc_limited: bool
     network_namespace: bool
+    bwrap: str | None = None  # the bubblewrap binary, when it works here
+    bwrap_python: str | None = None  # the interpreter run inside bubblewrap
+    bwrap_problem: str = ""  # why bubblewrap cannot be used, when it cannot
 
 
 # The trusted prelude. Runs as ``python -I -B -c _RUNNER <json config>``; everything before
 # ``exec(code, ...)`` is ours, everything after is untrusted.
 _RUNNER = r'''
 import builtins, json, os, resource, sys, traceback
-_exit = os._exit
+_exit, _read, _write = os._exit, os.read, os.write
 cfg = json.loads(sys.argv[1])
 try:
     with open(cfg["path"], encoding="utf-8") as f:
@@ -191,6 +223,8 @@ except BaseException:
 try:
     sys.stdout.flush()
     sys.stderr.flush()
+    token = _read(cfg["token_fd"], 64)  # only now: the code above ran to its end
+    _write(cfg["result_fd"], token)
 except BaseException:
     _exit(1)
 _exit(0)
@@ -206,6 +240,8 @@ def run_python(
     output_limit_bytes: int = 1 << 20,
     guard: bool = True,
     python: str | None = None,
+    unsafe_exec: bool = False,
+    isolation: str | None = None,
 ) -> SandboxResult:
     """Run ``code`` as ``__main__`` in a sandboxed ``python -I`` subprocess (see module doc).
 
@@ -216,10 +252,17 @@ def run_python(
         max_processes: ``RLIMIT_NPROC`` headroom where it is enforceable (non-root child).
         output_limit_bytes: largest file (including stdout/stderr) the child may write.
         guard: install the reliability prelude; ``False`` only to test the OS-level layers.
-        python: interpreter to use (default: ``sys.executable``).
+        python: interpreter to use without bubblewrap (default: ``sys.executable``).
+        unsafe_exec: where bubblewrap cannot run, run with the process-level layers only
+            instead of raising :class:`SandboxUnavailable`.
+        isolation: ``"bwrap"`` or ``"process"`` (the latter needs ``unsafe_exec``); default:
+            ``"bwrap"`` where it works, else ``"process"`` if ``unsafe_exec``.
 
     Returns:
         A :class:`SandboxResult`. Never raises for anything the code does.
+
+    Raises:
+        SandboxUnavailable: bubblewrap is needed (see above) and cannot run here.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -227,50 +270,78 @@ def run_python(
         raise ValueError(f"memory_mb must be > 0, got {memory_mb}")
     exe = python or sys.executable
     info = sandbox_info(exe)
+    isolation = isolation or check_isolation(unsafe_exec, info)
+    if isolation == "process" and not unsafe_exec:
+        raise SandboxUnavailable("isolation 'process' runs untrusted code without the OS sandbox; "
+                                 "it needs unsafe_exec=True (--unsafe-exec)")
+    if isolation == "bwrap" and info.bwrap is None:
+        raise SandboxUnavailable(_no_bwrap_message(info))
+    boxed = isolation == "bwrap"
     workdir = Path(tempfile.mkdtemp(prefix="dlm-sandbox-"))
+    token_r, token_w = os.pipe()
+    result_r, result_w = os.pipe()
     try:
         src_path = workdir / "solution.py"
         src_path.write_text(code, encoding="utf-8")
         uid = gid = None
-        if info.drops_privileges:
+        if (boxed and os.geteuid() == 0) or (not boxed and info.drops_privileges):
             entry = pwd.getpwnam(_SANDBOX_USER)
             uid, gid = entry.pw_uid, entry.pw_gid
         nproc = None
-        if info.drops_privileges:
+        if uid is not None:
             nproc = max_processes + _count_tasks(uid)
-        elif info.nproc_limited:
+        elif os.geteuid() != 0:
             nproc = max_processes + _count_tasks(os.getuid())
+        inside = Path("/sandbox") if boxed else workdir
         cfg = {
-            "path": str(src_path),
+            "path": str(inside / src_path.name),
             "memory_bytes": int(memory_mb) << 20,
             "fsize_bytes": int(output_limit_bytes),
             "cpu_s": int(timeout_s) + 1,
-            "uid": uid,
-            "gid": gid,
+            "uid": None if boxed else uid,  # bwrap itself starts as that user
+            "gid": None if boxed else gid,
             "nproc": nproc,
-            "netns": info.network_namespace,
+            "netns": info.network_namespace and not boxed,
             "guard": guard,
+            "token_fd": token_r,
+            "result_fd": result_w,
         }
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
+            "HOME": str(inside),
+            "TMPDIR": "/tmp" if boxed else str(workdir),
         }
+        argv = [info.bwrap_python if boxed else exe, "-I", "-B", "-c", _RUNNER, json.dumps(cfg)]
+        popen: dict = {}
+        if boxed:
+            if uid is not None:
+                os.chown(workdir, uid, gid)
+                os.chown(src_path, uid, gid)
+                popen = {"user": uid, "group": gid, "extra_groups": []}
+            argv = _bwrap_argv(info, workdir, env) + argv
+        token = os.urandom(16).hex().encode()
+        os.write(token_w, token)  # 32 bytes: fits any pipe buffer, never blocks
         out_path, err_path = workdir / ".stdout", workdir / ".stderr"
         with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
             start = time.monotonic()
             proc = subprocess.Popen(
-                [exe, "-I", "-B", "-c", _RUNNER, json.dumps(cfg)],
-                cwd=workdir,
+                argv,
+                cwd="/" if boxed else workdir,
                 stdin=subprocess.DEVNULL,
                 stdout=out_f,
                 stderr=err_f,
                 env=env,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(token_r, result_w),
+                **popen,
             )
+            os.close(token_r)
+            os.close(result_w)
+            os.close(token_w)
+            token_r = result_w = token_w = -1
             try:
                 timed_out = not _wait_unreaped(proc.pid, timeout_s)
             finally:
@@ -281,8 +352,9 @@ def run_python(
                     pass
                 returncode = proc.wait()
             duration = time.monotonic() - start
+        reported = _read_available(result_r, len(token) + 1)
         return SandboxResult(
-            passed=(returncode == 0 and not timed_out),
+            passed=(returncode == 0 and not timed_out and reported == token),
             returncode=returncode,
             timed_out=timed_out,
             stderr_tail=_tail(err_path),
@@ -290,7 +362,70 @@ def run_python(
             duration_s=duration,
         )
     finally:
+        for fd in (token_r, token_w, result_r, result_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def check_isolation(unsafe_exec: bool = False, info: SandboxInfo | None = None) -> str:
+    """``"bwrap"`` where bubblewrap works; else ``"process"`` if ``unsafe_exec``, else raise
+    :class:`SandboxUnavailable` naming the problem and both ways out."""
+    info = info or sandbox_info()
+    if info.bwrap is not None:
+        return "bwrap"
+    if unsafe_exec:
+        return "process"
+    raise SandboxUnavailable(_no_bwrap_message(info))
+
+
+def _no_bwrap_message(info: SandboxInfo) -> str:
+    return (f"refusing to run untrusted code: the bubblewrap sandbox is not usable here ({info.bwrap_problem}). "
+            "Install it (Debian/Ubuntu: apt-get install bubblewrap) or, on a throw-away machine, pass "
+            "--unsafe-exec (task argument unsafe_exec: true) to run with process-level limits only")
+
+
+def _bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str]) -> list[str]:
+    """The bubblewrap command line up to (not including) the interpreter."""
+    assert info.bwrap is not None and info.bwrap_python is not None
+    argv = [info.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    prefix = _prefix_of(info.bwrap_python)
+    if not prefix.startswith("/usr/"):
+        argv += ["--ro-bind", prefix, prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), "/sandbox",
+             "--chdir", "/sandbox", "--clearenv"]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    return argv
+
+
+def _prefix_of(python: str) -> str:
+    """The installation folder of an interpreter (``.../bin/python3`` -> ``...``)."""
+    return str(Path(os.path.realpath(python)).parent.parent)
+
+
+def _read_available(fd: int, limit: int) -> bytes:
+    """What is in a pipe now, up to ``limit`` bytes (never waits: an escaped process may hold it)."""
+    os.set_blocking(fd, False)
+    data = b""
+    while len(data) < limit:
+        try:
+            chunk = os.read(fd, limit - len(data))
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 @functools.lru_cache(maxsize=None)
@@ -314,12 +449,55 @@ def sandbox_info(python: str | None = None) -> SandboxInfo:
                 os.path.realpath(p) for p in probe["path"] if p and os.path.isdir(p)
             ]
             drops = all(_others_can_reach(t) for t in targets)
+    bwrap, bwrap_python, problem = _probe_bwrap(exe, is_root)
     return SandboxInfo(
         python=exe,
         drops_privileges=drops,
         nproc_limited=drops or not is_root,
         network_namespace=bool(probe and probe["netns"]),
+        bwrap=bwrap,
+        bwrap_python=bwrap_python,
+        bwrap_problem=problem,
     )
+
+
+def _probe_bwrap(exe: str, is_root: bool) -> tuple[str | None, str | None, str]:
+    """``(bwrap, python, "")`` when bubblewrap runs ``python`` here, else ``(None, None, why)``.
+
+    As root the sandbox starts as ``nobody``, so the interpreter must be reachable by others: the
+    one of ``exe`` if it is (a venv's base interpreter), else the system ``/usr/bin/python3``.
+    """
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None, None, "no 'bwrap' on PATH"
+    real = os.path.realpath(exe)
+    candidates = [real]
+    if is_root and not _others_can_reach(os.path.join(_prefix_of(real), "lib")):
+        candidates = [c for c in (_SYSTEM_PYTHON,) if os.path.exists(c)]
+        if not candidates:
+            return None, None, f"{real} is not readable by '{_SANDBOX_USER}' and there is no {_SYSTEM_PYTHON}"
+    python = candidates[0]
+    kwargs: dict = {}
+    if is_root:
+        entry = pwd.getpwnam(_SANDBOX_USER)
+        kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+    info = SandboxInfo(python=exe, drops_privileges=False, nproc_limited=False, network_namespace=False,
+                       bwrap=bwrap, bwrap_python=python)
+    probe_dir = Path(tempfile.mkdtemp(prefix="dlm-sandbox-probe-"))
+    try:
+        if is_root:
+            os.chown(probe_dir, kwargs["user"], kwargs["group"])
+        argv = _bwrap_argv(info, probe_dir, {"PATH": "/usr/bin:/bin"}) + [python, "-I", "-c", "print('ok')"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                              cwd="/", **kwargs)
+    except (OSError, subprocess.SubprocessError, KeyError) as err:
+        return None, None, f"bwrap could not start: {err}"
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+    if done.returncode != 0 or done.stdout.strip() != "ok":
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return None, None, f"bwrap failed a trial run: {why}"
+    return bwrap, python, ""
 
 
 _PROBE = r"""
