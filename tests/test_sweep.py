@@ -388,3 +388,36 @@ def test_reconcile_never_kills_a_run_that_finishes_while_it_looks(tmp_path):
     assert closed == [runs[dead.number].run_id]
     status = {n: tracker.client.get_run(r.run_id).info.status for n, r in runs.items()}
     assert status == {live.number: "FINISHED", dead.number: "KILLED"}
+
+
+def test_a_repeated_policy_is_evaluated_once_and_tagged_duplicate_of(tmp_path, monkeypatch):
+    import dlm_toolkit.evaluate as evaluate_module
+
+    calls = []
+    real = evaluate_module.evaluate
+
+    def counting(model, tokenizer, task, policy, *args, **kwargs):
+        calls.append(policy.config_hash())
+        return real(model, tokenizer, task, policy, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate", counting)
+    space = {"blocks.params.block_length": {"categorical": [8, 16]}}  # 2 policies, 7 trials
+    exp = load_experiment(h.experiment(search_space=space, presets_to_enqueue=[]))
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    result = run_sweep(exp, 7, storage=storage, tracking_uri=uri, progress=False, threads=1)
+    trials = load_study(storage, "t").get_trials()
+    assert result.counts.counted == 7 and all(t.state == TrialState.COMPLETE for t in trials)
+    hashes = {t.user_attrs["policy_hash"] for t in trials}
+    assert sorted(calls) == sorted(hashes)  # one evaluation per distinct policy
+    originals = {t.user_attrs["policy_hash"]: t for t in trials if t.user_attrs.get("duplicate_of") is None}
+    assert len(originals) == len(hashes)
+    for t in trials:
+        first = originals[t.user_attrs["policy_hash"]]
+        if t is not first:
+            assert t.user_attrs["duplicate_of"] == first.number and t.values == first.values
+            assert t.user_attrs["metrics"] == first.user_attrs["metrics"]
+    tagged = {int(r.data.tags["trial_number"]): r.data.tags.get("duplicate_of") for r in h.runs(uri)
+              if r.data.tags.get("kind") == "trial"}
+    assert tagged == {t.number: (None if t.user_attrs.get("duplicate_of") is None
+                                 else str(t.user_attrs["duplicate_of"])) for t in trials}
+    assert len(result.summary.points) == len(hashes) and result.summary.counts["duplicates"] == 7 - len(hashes)

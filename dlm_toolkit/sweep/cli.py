@@ -119,16 +119,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed)"
               + (" -- the grid is exhausted" if result.exhausted and c.counted < result.n_trials else "")
               + ("" if result.complete else " -- rerun the same command to resume"))
-        print(open_hints(args.storage, args.tracking_uri, result.study_name))
+        print(open_hints(args.storage, args.tracking_uri, result.study_name, result.experiment_id,
+                         result.parent_run_id))
     return 0 if result.complete else 1
 
 
-def open_hints(storage: str, tracking_uri: str, study_name: str) -> str:
+def open_hints(storage: str, tracking_uri: str, study_name: str, experiment_id: str = "", run_id: str = "") -> str:
+    """Where to look next: the parent run's page in MLflow's machine-learning view (the default
+    GenAI view hides runs behind a switch), the Optuna dashboard and the front table."""
+    from dlm_toolkit.sweep.tracking import hide_password
+
+    served = tracking_uri.startswith(("http://", "https://"))
+    base = tracking_uri.rstrip("/") if served else "http://127.0.0.1:5000"
+    page = f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning" if run_id else base
+    mlflow = (f"MLflow:  open {hide_password(page)}" if served else
+              f"MLflow:  mlflow ui --backend-store-uri {tracking_uri} --workers 1   then open {page}")
     return "\n".join([
-        f"MLflow:  mlflow ui --backend-store-uri {tracking_uri} --workers 1   (then open http://127.0.0.1:5000;"
-        f" parent run 'study-{study_name}')",
-        f"Optuna:  optuna-dashboard {storage}   (pip install optuna-dashboard)",
-        f"Front:   dlm pareto --storage {storage} --study-name {study_name}",
+        mlflow + f"   (parent run 'study-{study_name}')",
+        f"Optuna:  optuna-dashboard {hide_password(storage)}   (pip install optuna-dashboard)",
+        f"Front:   dlm pareto --storage {hide_password(storage)} --study-name {study_name}",
     ])
 
 

@@ -229,6 +229,9 @@ def summarize(study: Any) -> ParetoSummary:
         counts[key] += 1
         if t.state != TrialState.COMPLETE:
             continue
+        if t.user_attrs.get("duplicate_of") is not None:  # its original already stands for the policy
+            counts["duplicates"] = counts.get("duplicates", 0) + 1
+            continue
         metrics = dict(t.user_attrs.get("metrics") or {})
         for name, value in zip(objectives, t.values or []):
             metrics.setdefault(name, value)
@@ -273,7 +276,9 @@ def format_table(summary: ParetoSummary) -> str:
     lines = [f"Pareto front of study '{summary.study_name}' ("
              + ", ".join(f"{d} {m}" for m, d in summary.objectives.items())
              + f"); {len(summary.front)} of {len(summary.points)} complete trials"
-             + (f", {len(rows)} distinct policies" if len(rows) != len(summary.front) else "")]
+             + (f", {len(rows)} distinct policies" if len(rows) != len(summary.front) else "")
+             + (f"; {summary.counts['duplicates']} repeated trials reused a stored result (duplicate_of)"
+                if summary.counts.get("duplicates") else "")]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if not rows:

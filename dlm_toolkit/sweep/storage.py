@@ -51,7 +51,7 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
                 return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
     except ModuleNotFoundError as err:
         raise ConfigError(f"storage {hide_password(url)!r}: database driver not installed ({err}); "
-                          "e.g. pip install psycopg2-binary for postgresql://") from None
+                          "e.g. pip install 'psycopg[binary]' for postgresql://") from None
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"storage {hide_password(url)!r}: cannot open: {first}") from None
@@ -114,6 +114,8 @@ def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
                               f"{[d.name.lower() for d in study.directions]}; choose another --study-name")
         study.set_user_attr("experiment", exp.settings())
         study.set_user_attr("dlm_toolkit_version", dlm_toolkit.__version__)
+        with optuna_quiet():  # experimental in Optuna 5
+            study.set_metric_names(list(exp.metric_names))  # optuna-dashboard labels its axes with them
         return study
     now = exp.result_settings()
     old = {k: stored.get(k) for k in now}

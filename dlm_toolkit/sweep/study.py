@@ -66,6 +66,7 @@ class SweepResult:
     counts: Counts
     summary: ParetoSummary
     exhausted: bool = False  # the grid sampler ran every grid point before n_trials
+    experiment_id: str = ""  # the MLflow experiment holding the parent run
 
     @property
     def complete(self) -> bool:
@@ -215,7 +216,8 @@ def run_sweep(
         summary = summarize(study)
         tracker.log_pareto(parent, summary)
         tracker.finish_parent(parent, status)
-    return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary, grid_exhausted(study))
+    return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary, grid_exhausted(study),
+                       tracker.experiment_id)
 
 
 class SweepProgress:

@@ -111,7 +111,8 @@ class TrialRunner:
         exp = self.exp
         preset = trial.user_attrs.get("preset")
         run: TrialRun | None = None
-        for stale in ("metrics", "outcomes", "plugin_hashes", "pruned_at", "interrupted", "policy", "policy_hash", "mlflow_run_id"):
+        for stale in ("metrics", "outcomes", "plugin_hashes", "pruned_at", "interrupted", "policy", "policy_hash",
+                      "mlflow_run_id", "duplicate_of"):
             if trial.user_attrs.get(stale) is not None:  # a retry inherits its predecessor's attributes
                 trial.set_user_attr(stale, None)
         try:
@@ -137,6 +138,14 @@ class TrialRunner:
             prov = provenance.collect(policy, self.model)
             run.log_provenance(prov)
             trial.set_user_attr("plugin_hashes", provenance.plugin_hashes(prov))  # dlm replay compares
+            original = self._evaluated_before(trial, policy.config_hash(), provenance.plugin_hashes(prov))
+            if original is not None:  # the sampler proposed a policy this study already measured
+                metrics = dict(original.user_attrs["metrics"])
+                trial.set_user_attr("metrics", metrics)
+                trial.set_user_attr("outcomes", original.user_attrs.get("outcomes"))
+                trial.set_user_attr("duplicate_of", original.number)
+                run.finish("FINISHED", "COMPLETE", metrics, tags={"duplicate_of": original.number})
+                return [metrics[m] for m in exp.metric_names]
 
             def on_batch(n_done: int, running: Mapping[str, float]) -> None:
                 run.log_running(n_done, running)
@@ -175,6 +184,23 @@ class TrialRunner:
                 except Exception:
                     pass
             raise
+
+    def _evaluated_before(self, trial: Any, policy_hash: str, plugin_hashes: Any) -> Any:
+        """The first COMPLETE trial of this study with the same policy and plug-in code, if any.
+
+        Task, ``n``, seed and checkpoint are fixed per study (a study refuses other result
+        settings), so equal policy and plug-in hashes mean an identical evaluation. Two workers
+        that draw the same new policy at the same moment may both evaluate it.
+        """
+        from optuna.trial import TrialState
+
+        for other in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            attrs = other.user_attrs
+            if (other.number != trial.number and attrs.get("policy_hash") == policy_hash
+                    and attrs.get("plugin_hashes") == plugin_hashes and attrs.get("metrics")
+                    and attrs.get("duplicate_of") is None):
+                return other
+        return None
 
     def _check_surplus(self, trial: Any) -> None:
         trials = self.study.get_trials(deepcopy=False)
