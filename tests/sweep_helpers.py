@@ -106,6 +106,12 @@ def runs(uri: str, experiment_name: str = "dlm-sweep") -> list[Any]:
     return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
 
 
+def artifacts(uri: str, run_id: str) -> list[Any]:
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri).list_artifacts(run_id)
+
+
 import pytest
 
 

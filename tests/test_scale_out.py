@@ -1,0 +1,109 @@
+"""Sweeps beyond one machine, against real servers: Optuna on PostgreSQL, MLflow behind `mlflow server`
+(its backend in the same PostgreSQL, artifacts served by the server), workers on two "hosts"
+(separate working folders and process groups), one of them SIGKILLed mid-sweep and restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from dlm_toolkit.sweep.storage import load_study
+from dlm_toolkit.sweep.trials import is_counted
+
+import servers
+import sweep_helpers as h
+
+pytestmark = pytest.mark.skipif(servers.postgres_bin() is None,
+                                reason="PostgreSQL binaries absent (apt-get install postgresql; .ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("servers")
+    with servers.postgres_server() as pg, servers.mlflow_server(f"{pg}/mlflow", folder / "mlflow") as ml:
+        yield f"{pg}/optuna", ml
+
+
+def _host(folder: Path, storage: str, tracking: str, *extra: str) -> tuple[list[str], Path]:
+    """The same sweep command, run from its own working folder (another host's checkout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    f = h.write_yaml(folder / "exp.yaml", h.experiment(n=8, n_trials=12))
+    return [*h.DLM, "sweep", str(f), "--storage", storage, "--tracking-uri", tracking, "--threads", "1",
+            "--heartbeat", "1", "--no-progress", *extra], folder
+
+
+def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env={**h.env(), "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_workers_on_two_hosts_one_killed_share_one_study_exactly(stores, tmp_path):
+    storage, tracking = stores
+    cmd_a, cwd_a = _host(tmp_path / "host-a", storage, tracking, "--workers", "2")
+    cmd_b, cwd_b = _host(tmp_path / "host-b", storage, tracking)
+    host_a = _start(cmd_a, cwd_a)
+    host_b = _start(cmd_b, cwd_b)
+    deadline = time.time() + 240
+    try:
+        while True:  # kill host b (its whole process group) once it runs a trial and others finished
+            assert host_b.poll() is None, host_b.communicate()[1][-2000:]
+            assert time.time() < deadline, "no trial of host b started in time"
+            try:
+                trials = load_study(storage, "t").get_trials(deepcopy=False)
+            except Exception:  # the study is not created yet
+                trials = []
+            mine = [t for t in trials if t.state == TrialState.RUNNING
+                    and t.user_attrs.get("worker", "").endswith(f":{host_b.pid}")]
+            if mine and sum(t.state == TrialState.COMPLETE for t in trials) >= 2:
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(host_b.pid, signal.SIGKILL)
+        host_b.wait()
+    killed = mine[0].number
+    again = subprocess.run(cmd_b, cwd=cwd_b, env={**h.env(), "OMP_NUM_THREADS": "1"}, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    out_a, err_a = host_a.communicate(timeout=300)
+    assert host_a.returncode == 0, err_a[-2000:]
+    assert f"{tracking}/#/experiments/" in again.stdout and "workflowType=machine_learning" in again.stdout
+
+    trials = load_study(storage, "t").get_trials()
+    assert sum(is_counted(t) for t in trials) == 12  # exactly N finished trials, whoever ran them
+    assert trials[killed].state == TrialState.FAIL and not trials[killed].user_attrs.get("error")
+    assert any(killed in t.system_attrs.get("retry_history", []) for t in trials)  # retried, not lost
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len({t.user_attrs["worker"].rsplit(":", 1)[1] for t in complete}) >= 2  # several processes took part
+    measured = [t.user_attrs["policy_hash"] for t in complete if t.user_attrs.get("duplicate_of") is None]
+    # two workers may draw one new policy at the same instant; otherwise each policy is measured once
+    assert len(measured) - len(set(measured)) <= 1
+    runs = h.runs(tracking)
+    assert [r.info.status for r in runs if r.info.status == "RUNNING"] == []
+    parents = [r for r in runs if r.data.tags.get("kind") == "study"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    by_id = {r.info.run_id: r for r in runs}
+    for t in complete:  # every finished trial has its closed run, tagged as in the SQLite case
+        run = by_id[t.user_attrs["mlflow_run_id"]]
+        assert run.info.status == "FINISHED" and run.data.tags["trial_number"] == str(t.number)
+        assert run.data.tags["trial_state"] == "COMPLETE"
+    assert by_id[trials[killed].user_attrs["mlflow_run_id"]].info.status == "KILLED"
+    arts = {a.path for a in h.artifacts(tracking, parents[0].info.run_id)}
+    assert {"pareto.csv", "pareto.json", "pareto.png"} <= arts  # served by the server, not a local path
+
+
+def test_unreachable_servers_fail_before_any_trial(stores, tmp_path):
+    storage, tracking = stores
+    f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=8, n_trials=2))
+    port = servers.free_port()  # nothing listens there
+    for args, fragment in ((["--storage", f"postgresql://dlm@127.0.0.1:{port}/optuna", "--tracking-uri", tracking],
+                            "storage"),
+                           (["--storage", storage, "--tracking-uri", f"http://127.0.0.1:{port}"], "tracking URI")):
+        r = h.dlm("sweep", str(f), "--study-name", "unreachable", "--no-progress", *args, cwd=tmp_path, timeout=120)
+        assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "unreachable" not in [s.study_name for s in __import__("optuna").get_all_study_summaries(storage)]
