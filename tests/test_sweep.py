@@ -24,6 +24,7 @@ from dlm_toolkit.sweep.pareto import (
     front_auc,
     hypervolume_2d,
     non_dominated,
+    summarize,
     summarize_points,
     write_all,
 )
@@ -197,6 +198,7 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
     assert {"front_size", "n_complete", "hypervolume", "auc"} <= set(parent.data.metrics)
     study = load_study(swept["storage"], "t")
     by_number = {t.number: t for t in study.get_trials()}
+    front = {p.trial for p in summarize(study).front}
     import dlm_toolkit
 
     for run in children:
@@ -213,8 +215,13 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
         assert run.data.metrics["tpf"] == pytest.approx(t.user_attrs["metrics"]["tpf"])
         path = client.download_artifacts(run.info.run_id, "policy.json", str(tmp_path))
         assert open(path).read() == t.user_attrs["policy"]  # the canonical JSON, source of truth
-        assert client.get_metric_history(run.info.run_id, "running_accuracy")[-1].step == 8
+        assert client.get_metric_history(run.info.run_id, "progress.accuracy_so_far")[-1].step == 8
         assert "records.jsonl" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert tags["preset"] == (t.user_attrs.get("preset") or "none")
+        assert tags["on_front"] == str(t.number in front).lower()
+    # the parent's front metrics are a curve over trial numbers, not one dot per sweep
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "front_size")]
+    assert len(steps) >= 4 and steps == sorted(steps) and steps[-1] == max(by_number)
 
 
 def test_resume_adds_trials_up_to_n_and_never_reenqueues_presets(swept):

@@ -177,7 +177,7 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
         print(f"note: no MLflow parent run for study '{study.study_name}' in {tracking_uri}; nothing logged",
               file=sys.stderr)
         return None
-    tracker.log_pareto(run_id, summary)
+    tracker.log_pareto(run_id, summary, study)
     return run_id
 
 

@@ -190,7 +190,8 @@ def run_sweep(
     except BaseException:
         dismiss(spawned)
         raise
-    bar = SweepProgress(study, n_trials, enabled=progress)
+    bar = SweepProgress(study, n_trials, enabled=progress,  # parent charts: one point per finished trial
+                        on_summary=lambda summary: tracker.log_front_metrics(parent, summary))
     status = "KILLED"
     import torch
 
@@ -214,7 +215,7 @@ def run_sweep(
             fail_stale_trials(study)
         tracker.reconcile(study, storage)
         summary = summarize(study)
-        tracker.log_pareto(parent, summary)
+        tracker.log_pareto(parent, summary, study)
         tracker.finish_parent(parent, status)
     return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary, grid_exhausted(study),
                        tracker.experiment_id)
@@ -223,10 +224,10 @@ def run_sweep(
 class SweepProgress:
     """tqdm bar over finished trials, with the current Pareto front size."""
 
-    def __init__(self, study: Any, total: int, enabled: bool) -> None:
+    def __init__(self, study: Any, total: int, enabled: bool, on_summary: Any = None) -> None:
         from tqdm import tqdm
 
-        self.study = study
+        self.study, self.on_summary = study, on_summary
         self.bar = tqdm(total=total, desc=f"sweep {study.study_name}", unit="trial", disable=not enabled,
                         initial=min(Counts.of(study).counted, total), file=sys.stderr)
         self._last = -1
@@ -235,7 +236,10 @@ class SweepProgress:
         if counts.counted == self._last:
             return
         self._last = counts.counted
-        front = len(summarize(self.study).front)
+        summary = summarize(self.study)
+        if self.on_summary is not None:
+            self.on_summary(summary)
+        front = len(summary.front)
         self.bar.n = min(counts.counted, self.bar.total)
         self.bar.set_postfix(front=front, pruned=counts.pruned, failed=counts.failed, refresh=False)
         self.bar.refresh()

@@ -10,7 +10,8 @@ Layout:
   flat keys as params, the metrics, tags (``policy_hash``, ``study_name``, ``trial_number``,
   ``dlm_toolkit_version``, ``seed``, ``task``, ``checkpoint``, ``trial_state``, ``preset``,
   ``error``) and the ``policy.json`` artifact — the canonical policy JSON, the source of truth.
-  The running accuracy after each evaluated batch is the step metric ``running_accuracy``.
+  The accuracy over the instances evaluated so far is the step metric ``progress.accuracy_so_far``
+  (step = instances done; it moves as batches arrive, it is not a trend over time).
 
 Run states: COMPLETE trial → FINISHED; PRUNED → FINISHED with ``trial_state=PRUNED``; a
 policy/evaluation error → FAILED with the message in the ``error`` tag. A trial whose process
@@ -210,16 +211,30 @@ class Tracker:
     def finish_parent(self, run_id: str, status: str = "FINISHED") -> None:
         _retry(self.client.set_terminated, run_id, status)
 
-    def log_pareto(self, run_id: str, summary: Any) -> None:
-        """Artifacts ``pareto.png/.csv/.json`` and summary metrics on the parent run."""
-        from mlflow.entities import Metric
-
+    def log_pareto(self, run_id: str, summary: Any, study: Any = None) -> None:
+        """Artifacts ``pareto.png/.csv/.json`` and summary metrics on the parent run; with
+        ``study``, the ``on_front`` tag (true/false) on every COMPLETE trial's run."""
         from dlm_toolkit.sweep.pareto import write_all
 
         with tempfile.TemporaryDirectory() as tmp:
             for path in write_all(summary, tmp).values():
                 _retry(self.client.log_artifact, run_id, str(path))
-        step = len(summary.points)
+        self.log_front_metrics(run_id, summary)
+        if study is not None:
+            from optuna.trial import TrialState
+
+            front = {p.trial for p in summary.front}
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                if t.user_attrs.get("mlflow_run_id"):
+                    _retry(self.client.set_tag, t.user_attrs["mlflow_run_id"], "on_front",
+                           str(t.number in front).lower())
+
+    def log_front_metrics(self, run_id: str, summary: Any) -> None:
+        """Front size, hypervolume, AUC, counts and preset comparisons on the parent run, at
+        ``step`` = the highest finished trial number, so its charts are curves over the sweep."""
+        from mlflow.entities import Metric
+
+        step = max((p.trial for p in summary.points), default=0)
         now = int(time.time() * 1000)
         values: dict[str, float] = {"front_size": len(summary.front), "n_complete": len(summary.points)}
         for key in ("pruned", "failed"):
@@ -229,7 +244,7 @@ class Tracker:
             values["auc"] = summary.auc
         for name, dom in summary.dominated_by.items():
             if summary.presets.get(name) is not None:
-                values[f"dominating_{name}"] = len(dom)
+                values[f"n_dominating_{name}"] = len(dom)
             sp = summary.speedup_at_quality.get(name)
             if sp:
                 values[f"speedup_at_quality_{name}"] = sp["ratio"]
@@ -323,7 +338,7 @@ class TrialRun:
         _retry(self.client.log_text, self.run_id, json.dumps(provenance, indent=1), "provenance.json")
 
     def log_running(self, n_done: int, metrics: Mapping[str, float]) -> None:
-        _retry(self.client.log_metric, self.run_id, "running_accuracy", float(metrics["accuracy"]), step=n_done)
+        _retry(self.client.log_metric, self.run_id, "progress.accuracy_so_far", float(metrics["accuracy"]), step=n_done)
 
     def log_records(self, records: list[dict[str, Any]]) -> None:
         text = "\n".join(json.dumps(r, default=str) for r in records) + "\n"

@@ -118,7 +118,7 @@ class TrialRunner:
         try:
             run = self.tracker.start_trial(self.parent_run_id, self.study.study_name, self.storage_url,
                                            trial.number, {"task": exp.task, "checkpoint": exp.model,
-                                                          "seed": exp.seed, "preset": preset})
+                                                          "seed": exp.seed, "preset": preset or "none"})
             trial.set_user_attr("mlflow_run_id", run.run_id)
             trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
             if preset:
