@@ -107,3 +107,19 @@ def test_unreachable_servers_fail_before_any_trial(stores, tmp_path):
         r = h.dlm("sweep", str(f), "--study-name", "unreachable", "--no-progress", *args, cwd=tmp_path, timeout=120)
         assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "unreachable" not in [s.study_name for s in __import__("optuna").get_all_study_summaries(storage)]
+
+
+def test_a_database_user_without_write_rights_gets_a_clear_error(stores, tmp_path):
+    import psycopg
+
+    storage, tracking = stores
+    server = storage.rsplit("/", 1)[0]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute("CREATE ROLE reader LOGIN")
+        conn.execute("CREATE DATABASE readonly")  # owned by dlm; PostgreSQL 15 lets nobody else create tables
+    f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=8, n_trials=2))
+    readonly = server.replace("dlm@", "reader@") + "/readonly"
+    r = h.dlm("sweep", str(f), "--storage", readonly, "--tracking-uri", tracking, "--no-progress", cwd=tmp_path,
+              timeout=120)
+    assert r.returncode == 2 and "storage" in r.stderr and "permission denied" in r.stderr.lower(), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
