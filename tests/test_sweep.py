@@ -196,6 +196,8 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
     assert parent.data.tags["storage"] == swept["storage"] and parent.info.run_id == swept["first"].parent_run_id
     assert {"pareto.png", "pareto.csv", "pareto.json", "experiment.json", "exp.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"front_size", "n_complete", "hypervolume", "auc"} <= set(parent.data.metrics)
+    space = json.loads(parent.data.params["search_space"])  # the keys with their ranges
+    assert space["m2t.params.threshold"]["float"] == [0.3, 0.99] and space["t2t.name"]["categorical"] == ["none", "threshold"]
     study = load_study(swept["storage"], "t")
     by_number = {t.number: t for t in study.get_trials()}
     front = {p.trial for p in summarize(study).front}

@@ -201,7 +201,7 @@ class Tracker:
         flat = {"task": settings.get("task"), "n": settings.get("n"), "seed": settings.get("seed"),
                 "batch_size": settings.get("batch_size"), "sampler": json.dumps(settings.get("sampler")),
                 "objectives": json.dumps(settings.get("objectives")), "pruning": json.dumps(settings.get("pruning")),
-                "search_space": ",".join(settings.get("search_space") or {})}
+                "search_space": json.dumps(settings.get("search_space") or {}, sort_keys=True)}  # keys with ranges
         _retry(self.client.log_batch, run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
         _retry(self.client.log_text, run_id, json.dumps(settings, indent=1, sort_keys=True), "experiment.json")
         if experiment_file is not None and experiment_file.is_file():
