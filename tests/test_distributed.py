@@ -45,7 +45,10 @@ def test_world_size_that_does_not_divide_the_model_fails_on_every_rank():
                         str(FIXTURE), "--prompt-ids", "1,2", "--gen-length", "8", "--mask-id", "127", "--eos-id", "126"])
     assert proc.returncode != 0 and proc.stdout == ""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 3 and "num_attention_heads=4 is not divisible by the world size 3" in errors[0]
+    # each rank checks before any collective; torchrun stops the others once one exits, so under load
+    # not every rank gets to print -- but those that do print the same message, and none hangs
+    assert 1 <= len(errors) <= 3 and len(set(errors)) == 1, errors
+    assert "num_attention_heads=4 is not divisible by the world size 3" in errors[0]
     assert "exitcode  : 2" in proc.stderr  # each rank's own exit status (torchrun itself exits 1)
 
 

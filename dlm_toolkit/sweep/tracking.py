@@ -221,13 +221,24 @@ class Tracker:
                 _retry(self.client.log_artifact, run_id, str(path))
         self.log_front_metrics(run_id, summary)
         if study is not None:
-            from optuna.trial import TrialState
+            self.tag_front(study, summary)
 
-            front = {p.trial for p in summary.front}
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-                if t.user_attrs.get("mlflow_run_id"):
-                    _retry(self.client.set_tag, t.user_attrs["mlflow_run_id"], "on_front",
-                           str(t.number in front).lower())
+    def tag_front(self, study: Any, summary: Any) -> None:
+        """Tag ``on_front`` (true/false) on this store's runs of the study's COMPLETE trials.
+
+        Only runs found here: the same study may have been swept into several MLflow stores.
+        """
+        from optuna.trial import TrialState
+
+        front = {p.trial for p in summary.front}
+        complete = {t.user_attrs.get("mlflow_run_id"): t.number
+                    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+        runs = _retry(self.client.search_runs, [self.experiment_id], filter_string=f"tags.kind = '{KIND_TRIAL}'",
+                      max_results=50000)
+        for run in runs:
+            number = complete.get(run.info.run_id) if run.data.tags.get("study_name") == study.study_name else None
+            if number is not None and run.data.tags.get("on_front") != str(number in front).lower():
+                _retry(self.client.set_tag, run.info.run_id, "on_front", str(number in front).lower())
 
     def log_front_metrics(self, run_id: str, summary: Any) -> None:
         """Front size, hypervolume, AUC, counts and preset comparisons on the parent run, at
