@@ -64,40 +64,66 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
         proc.wait()
 
 
-@contextmanager
-def postgres_server(databases: tuple[str, ...] = ("optuna", "mlflow")) -> Iterator[str]:
-    """Start a cluster with ``databases`` in a new folder under the system temp folder (pytest's
-    own is private to root, which the ``postgres`` user cannot enter); yields
-    ``postgresql://dlm@127.0.0.1:PORT``."""
-    import psycopg
+class PostgresCluster:
+    """A throw-away cluster in a new folder under the system temp folder (pytest's own is private
+    to root, which the ``postgres`` user cannot enter): :meth:`start`, :meth:`kill` (SIGKILL, as a
+    crash), :meth:`start` again on the same data and port, :meth:`close`."""
 
-    binaries = postgres_bin()
-    assert binaries is not None, "PostgreSQL is not installed (apt-get install postgresql)"
-    folder = Path(tempfile.mkdtemp(prefix="dlm-postgres-"))
-    as_user: dict = {}
-    if os.geteuid() == 0:
-        entry = pwd.getpwnam("postgres")
-        os.chown(folder, entry.pw_uid, entry.pw_gid)
-        as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-    data, log = folder / "data", folder / "postgres.log"
-    subprocess.run([str(binaries / "initdb"), "-D", str(data), "-U", "dlm", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True, cwd=folder, **as_user)
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(binaries / "postgres"), "-D", str(data), "-k", str(folder), "-p", str(port),
-                                 "-h", "127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
-                                 "-c", "max_connections=200"],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True, **as_user)
-    url = f"postgresql://dlm@127.0.0.1:{port}"
-    try:
-        _wait(lambda: psycopg.connect(f"{url}/postgres", connect_timeout=2).close() is None, "postgres", proc, log)
-        with psycopg.connect(f"{url}/postgres", autocommit=True) as conn:
+    def __init__(self, databases: tuple[str, ...] = ("optuna", "mlflow")) -> None:
+        binaries = postgres_bin()
+        assert binaries is not None, "PostgreSQL is not installed (apt-get install postgresql)"
+        self.bin, self.databases = binaries, databases
+        self.folder = Path(tempfile.mkdtemp(prefix="dlm-postgres-"))
+        self.as_user: dict = {}
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.folder, entry.pw_uid, entry.pw_gid)
+            self.as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        self.data, self.log = self.folder / "data", self.folder / "postgres.log"
+        subprocess.run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "dlm", "--auth=trust", "-E", "UTF8"],
+                       check=True, capture_output=True, cwd=self.folder, **self.as_user)
+        self.port = free_port()
+        self.url = f"postgresql://dlm@127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+        import psycopg
+
+        with psycopg.connect(f"{self.url}/postgres", autocommit=True) as conn:
             for name in databases:
                 conn.execute(f"CREATE DATABASE {name}")
-        yield url
+
+    def start(self) -> None:
+        import psycopg
+
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.bin / "postgres"), "-D", str(self.data), "-k", str(self.folder), "-p", str(self.port),
+                 "-h", "127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True, **self.as_user)
+        _wait(lambda: psycopg.connect(f"{self.url}/postgres", connect_timeout=2).close() is None, "postgres",
+              self.proc, self.log)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        pid_file = self.data / "postmaster.pid"  # a crashed server leaves it; the next start checks it
+        pid_file.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _stop(self.proc, signal.SIGINT)  # PostgreSQL's fast shutdown (SIGTERM waits for every client)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextmanager
+def postgres_server(databases: tuple[str, ...] = ("optuna", "mlflow")) -> Iterator[str]:
+    """A :class:`PostgresCluster` for the duration of the block; yields its ``postgresql://dlm@127.0.0.1:PORT``."""
+    cluster = PostgresCluster(databases)
+    try:
+        yield cluster.url
     finally:
-        _stop(proc, signal.SIGINT)  # PostgreSQL's fast shutdown (SIGTERM waits for every client)
-        shutil.rmtree(folder, ignore_errors=True)
+        cluster.close()
 
 
 @contextmanager

@@ -39,6 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base-policy key, repeatable")
     p.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS",
                    help="trial heartbeat; a trial silent for 3x this is considered dead and retried")
+    p.add_argument("--reconnect", type=float, default=60.0, metavar="SECONDS",
+                   help="how long workers wait for a storage that stopped answering before giving up "
+                        "(exit 2; finished trials are kept, the same command continues)")
     p.add_argument("--threads", type=int, help="torch CPU threads per worker (default: torch's choice; "
                    "cpu_count/K with --workers K); tiny models decode fastest with 1")
     p.add_argument("--device", help="where every worker loads the model: cpu (default), cuda or cuda:N")
@@ -106,6 +109,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = run_sweep(exp, args.n_trials, storage=args.storage, tracking_uri=args.tracking_uri,
                        study_name=args.study_name, workers=args.workers, progress=not args.no_progress,
                        heartbeat_interval=args.heartbeat, threads=args.threads, device=args.device,
+                       reconnect_s=args.reconnect,
                        dtype=args.dtype, devices=[d.strip() for d in args.devices.split(",")] if args.devices else None)
     if args.json:
         print(json.dumps({**result.summary.to_json(), "storage": args.storage, "tracking_uri": args.tracking_uri,

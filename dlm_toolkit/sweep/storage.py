@@ -7,6 +7,7 @@ See :mod:`dlm_toolkit.sweep.study` for what a resumed sweep keeps and redoes.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -75,6 +76,53 @@ def load_study(storage: str | Any, study_name: str) -> Any:
         names = optuna.get_all_study_names(store)
         raise ConfigError(f"no study named {study_name!r} in {hide_password(str(getattr(store, 'url', storage)))}"
                           f" (studies: {', '.join(names) or 'none'})") from None
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """What a storage raises when its database stops answering (server down, network gone)."""
+    import optuna
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
+            sqlalchemy.exc.InterfaceError)
+
+
+def lost_connection(err: BaseException) -> BaseException | None:
+    """The connection error behind ``err``, if any: Optuna sometimes re-raises it as another
+    exception (its own clean-up after a failed ``tell`` fails the same way), so follow the chain."""
+    seen = 0
+    while err is not None and seen < 20:
+        if isinstance(err, connection_errors()):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+class StorageLost(ConfigError):
+    """The storage stopped answering and did not come back within the reconnect budget."""
+
+
+def wait_for_storage(study: Any, url: str, err: BaseException, budget_s: float, echo: Any = None) -> None:
+    """Poll the storage behind ``study`` until it answers again, for up to ``budget_s`` seconds.
+
+    Raises:
+        StorageLost: still unreachable; the message says what is kept and how to continue.
+    """
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if echo is not None:
+        echo(f"storage {hide_password(url)!r} stopped answering ({first}); retrying for up to {budget_s:.0f} s")
+    deadline, delay = time.monotonic() + budget_s, 0.5
+    while time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(2 * delay, 5.0)
+        try:
+            study._storage.get_study_id_from_name(study.study_name)  # a real round trip
+            return
+        except connection_errors():
+            continue
+    raise StorageLost(f"storage {hide_password(url)!r}: connection lost ({first}) and not back after "
+                      f"{budget_s:.0f} s. Finished trials are stored; a trial that was running is retried "
+                      "(same parameters) when the same command runs again")
 
 
 @contextmanager

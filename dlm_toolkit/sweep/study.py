@@ -50,9 +50,9 @@ from dlm_toolkit.registry import set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment, load_experiment
 from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
-from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI, create_or_resume,
-                                       open_storage, optuna_quiet)
-from dlm_toolkit.sweep.tracking import Tracker, check_sqlite_folder
+from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI, StorageLost,
+                                       create_or_resume, lost_connection, open_storage, optuna_quiet)
+from dlm_toolkit.sweep.tracking import Tracker, check_sqlite_folder, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
 from dlm_toolkit.sweep.worker import dismiss, run_workers, worker_command
 
@@ -136,6 +136,7 @@ def run_sweep(
     device: str | None = None,
     dtype: str | None = None,
     devices: Sequence[str] | None = None,
+    reconnect_s: float = 60.0,
 ) -> SweepResult:
     """Search decoding policies for ``experiment`` until the study holds ``n_trials`` finished trials.
 
@@ -157,6 +158,9 @@ def run_sweep(
             ``dtype``, else the CPU in float32; see :mod:`dlm_toolkit.runtime`).
         devices: one worker per device (``["cuda:0", "cuda:1"]``); sets ``workers``. Each worker
             loads the model once, on its device.
+        reconnect_s: how long every worker waits for a storage that stopped answering before it
+            gives up with :class:`~dlm_toolkit.sweep.storage.StorageLost` (finished trials are
+            kept; the same command continues later).
 
     Raises:
         ConfigError: any invalid input (before any trial runs).
@@ -167,6 +171,8 @@ def run_sweep(
         raise ConfigError(f"n_trials: must be an integer >= 1 (got {n_trials!r}); give --n-trials or n_trials in the file")
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers: must be an integer >= 1 (got {workers!r})")
+    if isinstance(reconnect_s, bool) or not isinstance(reconnect_s, (int, float)) or not 0 <= reconnect_s <= 86400:
+        raise ConfigError(f"reconnect_s: must be a number of seconds in [0, 86400] (got {reconnect_s!r})")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
     threads = threads or exp.threads
@@ -198,25 +204,35 @@ def run_sweep(
     saved_threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads or (saved_threads if workers == 1 else max(1, (os.cpu_count() or 1) // workers)))
-        runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write)
+        runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write,
+                             reconnect_s=reconnect_s)
         if workers == 1:
             counts = runner.run(on_progress=bar.update)
         else:
             counts = run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
-                                  heartbeat_interval, grace_period, bar, runner, placement, dtype)
+                                 heartbeat_interval, grace_period, bar, runner, placement, dtype)
         status = "FINISHED" if counts.counted >= n_trials or grid_exhausted(study) else "FAILED"
     finally:
         dismiss(spawned)
         torch.set_num_threads(saved_threads)
         bar.close()
-        with optuna_quiet():
-            from optuna.storages import fail_stale_trials
+        summary = None
+        try:
+            with optuna_quiet():
+                from optuna.storages import fail_stale_trials
 
-            fail_stale_trials(study)
-        tracker.reconcile(study, storage)
-        summary = summarize(study)
-        tracker.log_pareto(parent, summary, study)
+                fail_stale_trials(study)
+            tracker.reconcile(study, storage)
+            summary = summarize(study)
+            tracker.log_pareto(parent, summary, study)
+        except Exception as err:
+            if lost_connection(err) is None:
+                raise
+            # the store is gone: the error that ended the loop says so (or the line below)
         tracker.finish_parent(parent, status)
+    if summary is None:
+        raise StorageLost(f"storage {hide_password(storage)!r}: connection lost while closing the sweep; finished "
+                          "trials are stored -- run the same command again to finish and summarise")
     return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary, grid_exhausted(study),
                        tracker.experiment_id)
 

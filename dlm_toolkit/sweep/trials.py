@@ -16,7 +16,7 @@ from dlm_toolkit.config import ConfigError, load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
 from dlm_toolkit.sweep.pareto import encode_outcomes
-from dlm_toolkit.sweep.storage import MAX_RETRY, optuna_quiet
+from dlm_toolkit.sweep.storage import MAX_RETRY, lost_connection, optuna_quiet, wait_for_storage
 from dlm_toolkit.sweep.tracking import Tracker, TrialRun
 
 def is_counted(trial: Any) -> bool:
@@ -87,11 +87,13 @@ class TrialRunner:
 
     def __init__(self, exp: Experiment, study: Any, storage_url: str, n_trials: int, tracker: Tracker,
                  parent_run_id: str, model: Any = None, tokenizer: Any = None,
-                 echo: Any = None, device: str | None = None, dtype: str | None = None) -> None:
+                 echo: Any = None, device: str | None = None, dtype: str | None = None,
+                 reconnect_s: float = 60.0) -> None:
         from dlm_toolkit.tasks import get_task
 
         self.exp, self.study, self.storage_url, self.n_trials = exp, study, storage_url, n_trials
         self.tracker, self.parent_run_id = tracker, parent_run_id
+        self.reconnect_s = reconnect_s
         if model is None:
             from dlm_toolkit.evaluate import load_checkpoint
 
@@ -226,7 +228,22 @@ class TrialRunner:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, on_progress: Any = None, poll: float = 1.0) -> Counts:
-        """Run trials until the study has ``n_trials`` finished ones (see module docstring)."""
+        """Run trials until the study has ``n_trials`` finished ones (see module docstring).
+
+        When the storage stops answering, waits up to ``reconnect_s`` seconds for it, then goes
+        on (the trial in flight is retried by the heartbeat) or raises
+        :class:`~dlm_toolkit.sweep.storage.StorageLost`.
+        """
+        while True:
+            try:
+                return self._run(on_progress, poll)
+            except Exception as err:
+                cause = lost_connection(err)
+                if cause is None:
+                    raise
+                wait_for_storage(self.study, self.storage_url, cause, self.reconnect_s, self.echo)
+
+    def _run(self, on_progress: Any, poll: float) -> Counts:
         from optuna.storages import fail_stale_trials
 
         study = self.study

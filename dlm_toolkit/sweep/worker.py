@@ -70,7 +70,8 @@ def run_workers(exp: Experiment, storage: str, tracking_uri: str, study_name: st
                    "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                    "n_trials": n_trials, "parent_run_id": parent, "worker": k, "threads": threads,
                    "heartbeat_interval": heartbeat_interval, "grace_period": grace_period,
-                   "device": placement[k], "dtype": dtype, "allow_import": imports_allowed()}
+                   "device": placement[k], "dtype": dtype, "allow_import": imports_allowed(),
+                   "reconnect_s": runner.reconnect_s}
         try:
             proc.stdin.write(json.dumps(payload) + "\n")
             proc.stdin.close()
@@ -128,7 +129,8 @@ def worker_main(payload: Mapping[str, Any]) -> int:
         study.sampler = make_sampler(exp, int(payload["worker"]), len(study.get_trials(deepcopy=False)))
     tracker = Tracker(payload["tracking_uri"], exp.mlflow_experiment)
     runner = TrialRunner(exp, study, payload["storage"], int(payload["n_trials"]), tracker,
-                         payload["parent_run_id"], device=payload.get("device"), dtype=payload.get("dtype"))
+                         payload["parent_run_id"], device=payload.get("device"), dtype=payload.get("dtype"),
+                         reconnect_s=float(payload.get("reconnect_s", 60.0)))
     runner.run()
     return 0
 
