@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError, load_policy
+from dlm_toolkit.sweep.attrs import read_settings
 from dlm_toolkit.sweep.experiment import load_experiment
 from dlm_toolkit.sweep.pareto import (
     TrialPoint,
@@ -179,7 +180,11 @@ def test_sweep_trials_presets_and_policies(swept):
             assert policy.t2t.params["threshold"] == t.params["t2t.params.threshold"]
     for t in trials:
         assert set(t.user_attrs["metrics"]) >= FLAT_METRICS and t.values == [t.user_attrs["metrics"]["accuracy"], t.user_attrs["metrics"]["tpf"]]
-    settings = study.user_attrs["experiment"]
+    settings = read_settings(study)
+    # optuna-dashboard cuts attributes at 1,024 characters: none may be longer
+    long = [k for k, v in study.user_attrs.items() if len(json.dumps(v)) > 1024]
+    long += [f"trial {t.number} {k}" for t in trials for k, v in t.user_attrs.items() if len(json.dumps(v)) > 1024]
+    assert study.user_attrs["experiment.parts"] >= 2 and long == [], long
     assert settings["n"] == 8 and settings["model"] == str(h.checkpoint()) and settings["base_policy"]["m2t"]["name"] == "threshold"
 
 
@@ -430,3 +435,20 @@ def test_a_repeated_policy_is_evaluated_once_and_tagged_duplicate_of(tmp_path, m
     assert tagged == {t.number: (None if t.user_attrs.get("duplicate_of") is None
                                  else str(t.user_attrs["duplicate_of"])) for t in trials}
     assert len(result.summary.points) == len(hashes) and result.summary.counts["duplicates"] == 7 - len(hashes)
+
+
+def test_settings_split_into_attributes_under_1kb_round_trip():
+    import optuna
+
+    from dlm_toolkit.sweep.attrs import write_settings
+
+    study = optuna.create_study()
+    settings = {"quotes": '"' * 1500, "backslashes": "\\" * 700, "text": "é" * 900, "nested": {"k": list(range(400))}}
+    write_settings(study, settings)
+    assert read_settings(study) == settings
+    assert all(len(json.dumps(v)) <= 1024 for v in study.user_attrs.values())
+    write_settings(study, {"small": 1})  # rewritten with fewer parts: stale parts are not read
+    assert read_settings(study) == {"small": 1}
+    legacy = optuna.create_study()
+    legacy.set_user_attr("experiment", {"n": 8})  # a study from before the split
+    assert read_settings(legacy) == {"n": 8} and read_settings(optuna.create_study()) is None

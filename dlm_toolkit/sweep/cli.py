@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.sweep.attrs import read_settings
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -174,7 +175,7 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
     if db is not None and not db.exists():
         print(f"note: {tracking_uri} does not exist; nothing logged to MLflow", file=sys.stderr)
         return None
-    settings = study.user_attrs.get("experiment") or {}
+    settings = read_settings(study) or {}
     tracker = Tracker(tracking_uri, settings.get("mlflow_experiment", "dlm-sweep"))
     run_id = tracker.find_parent(study.study_name, storage, all_experiments=True)
     if run_id is None:
@@ -218,7 +219,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     from dlm_toolkit.tasks import get_task
 
     study = load_study(storage, study_name)
-    settings = study.user_attrs.get("experiment")
+    settings = read_settings(study)
     if not settings:
         raise ConfigError(f"study {study_name!r} has no stored experiment settings (not made by `dlm sweep`)")
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}

@@ -220,7 +220,9 @@ def summarize(study: Any) -> ParetoSummary:
     """The summary of an Optuna study created by ``dlm sweep`` (objectives from its settings)."""
     from optuna.trial import TrialState
 
-    settings = study.user_attrs.get("experiment") or {}
+    from dlm_toolkit.sweep.attrs import read_settings
+
+    settings = read_settings(study) or {}
     objectives = settings.get("objectives") or {f"objective_{i}": d.name.lower() for i, d in enumerate(study.directions)}
     points, counts = [], {"complete": 0, "pruned": 0, "failed": 0, "running": 0, "waiting": 0}
     for t in study.get_trials(deepcopy=False):

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
 from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, hide_password
@@ -152,15 +153,15 @@ def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
     started = len(study.get_trials(deepcopy=False))
     if started:
         study.sampler = make_sampler(exp, 0, started)  # a resumed study: continue, do not replay
-    stored = study.user_attrs.get("experiment")
+    stored = read_settings(study)
     if stored is None:
         if study.get_trials(deepcopy=False):
             raise ConfigError(f"study {study_name!r} already exists and was not created by `dlm sweep` "
-                              "(no 'experiment' user attribute); choose another --study-name")
+                              "(no stored experiment settings); choose another --study-name")
         if [d.name.lower() for d in study.directions] != exp.directions:
             raise ConfigError(f"study {study_name!r} exists with directions "
                               f"{[d.name.lower() for d in study.directions]}; choose another --study-name")
-        study.set_user_attr("experiment", exp.settings())
+        write_settings(study, exp.settings())
         study.set_user_attr("dlm_toolkit_version", dlm_toolkit.__version__)
         with optuna_quiet():  # experimental in Optuna 5
             study.set_metric_names(list(exp.metric_names))  # optuna-dashboard labels its axes with them
@@ -173,7 +174,7 @@ def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
         raise ConfigError(f"study {study_name!r} was created with different settings ({detail}); "
                           "resume it with the original experiment file or use another --study-name")
     if stored != exp.settings():  # operational settings (sampler, pruning, presets, ...) may change
-        study.set_user_attr("experiment", exp.settings())
+        write_settings(study, exp.settings())
     return study
 
 

@@ -27,11 +27,13 @@ Decisions (also in ``experiments/README.md``):
   same study; each uses ``cpu_count // K`` torch threads unless ``threads`` is set. Worker k's
   sampler is seeded with ``seed + k``. SQLite storages get a 60 s busy timeout.
 
-Study user attributes: ``experiment`` (all settings, JSON; a study cannot be resumed with
-different result-relevant settings), ``presets_enqueued``, ``dlm_toolkit_version``.
+Study user attributes: ``experiment.0 .. experiment.<parts-1>`` and ``experiment.parts`` (all
+settings as JSON, split into pieces under 1 KB: :mod:`dlm_toolkit.sweep.attrs`; a study cannot be
+resumed with different result-relevant settings), ``presets_enqueued``, ``dlm_toolkit_version``;
+the objectives are the study's metric names.
 Trial user attributes: ``policy`` (canonical JSON), ``policy_hash``, ``metrics``, ``preset`` and
 ``preset_policy``, ``error``, ``pruned_at``, ``mlflow_run_id``, ``worker`` (host:pid),
-``interrupted``, ``surplus``.
+``interrupted``, ``surplus``, ``duplicate_of``.
 """
 
 from __future__ import annotations
