@@ -46,9 +46,9 @@ def test_world_size_that_does_not_divide_the_model_fails_on_every_rank():
     assert proc.returncode != 0 and proc.stdout == ""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     # each rank checks before any collective; torchrun stops the others once one exits, so under load
-    # not every rank gets to print -- but those that do print the same message, and none hangs
-    assert 1 <= len(errors) <= 3 and len(set(errors)) == 1, errors
-    assert "num_attention_heads=4 is not divisible by the world size 3" in errors[0]
+    # not every rank gets to print -- but those that do print the refusal, and none hangs
+    assert 1 <= len(errors) <= 3, errors
+    assert all("num_attention_heads=4 is not divisible by the world size 3" in e for e in errors), errors
     assert "exitcode  : 2" in proc.stderr  # each rank's own exit status (torchrun itself exits 1)
 
 
