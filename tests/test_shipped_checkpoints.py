@@ -10,7 +10,7 @@ import pytest
 from dlm_toolkit.evaluate import evaluate, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
-NAMES = ("testbed-editable", "testbed-maskonly")
+NAMES = ("testbed-editable", "testbed-maskonly", "testbed-v2-editable", "testbed-v2-maskonly")
 PRESETS = ("llada2.1-q", "llada2.1-s", "llada2.1-s+t2t.name=none", "llada2.0")
 
 
