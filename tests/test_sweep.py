@@ -452,3 +452,33 @@ def test_settings_split_into_attributes_under_1kb_round_trip():
     legacy = optuna.create_study()
     legacy.set_user_attr("experiment", {"n": 8})  # a study from before the split
     assert read_settings(legacy) == {"n": 8} and read_settings(optuna.create_study()) is None
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_reconcile_kills_the_run_of_a_trial_that_died_after_closing_it(tmp_path):
+    """A worker closes its run (COMPLETE), then dies before Optuna stores the result: the heartbeat
+    fails the trial and queues a retry, and the run must not keep claiming COMPLETE."""
+    import optuna
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    from dlm_toolkit.sweep.tracking import Tracker
+
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", h.tracking_uri(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="t", directions=["maximize"])
+    tracker = Tracker(uri, "dlm-sweep")
+    parent = tracker.parent_run("t", storage, {}, None)
+    died, fine = study.ask(), study.ask()
+    runs = {}
+    for t in (died, fine):
+        runs[t.number] = tracker.start_trial(parent, "t", storage, t.number, {})
+        t.set_user_attr("mlflow_run_id", runs[t.number].run_id)
+        runs[t.number].finish("FINISHED", "COMPLETE", {"accuracy": 1.0})
+    study.tell(fine, [1.0])
+    study.tell(died, state=TrialState.FAIL)  # what the heartbeat does to a dead worker's trial ...
+    RetryHeartbeatStaleTrialCallback(max_retry=3)(study, study.trials[died.number])  # ... and its retry
+    assert tracker.reconcile(study, storage) == [runs[died.number].run_id]
+    run = tracker.client.get_run(runs[died.number].run_id)
+    assert run.info.status == "KILLED" and run.data.tags["trial_state"] == "KILLED"
+    assert "retried as trial 2" in run.data.tags["killed_reason"]
+    assert tracker.client.get_run(runs[fine.number].run_id).info.status == "FINISHED"
+    assert tracker.reconcile(study, storage) == []  # settled once

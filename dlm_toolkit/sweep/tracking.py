@@ -150,6 +150,7 @@ class Tracker:
         except Exception as err:
             raise ConfigError(f"tracking URI {tracking_uri!r}: cannot open the MLflow store: "
                               f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        self._settled: set[str] = set()  # run ids of killed trials already checked by reconcile
         if exp is None:
             self.experiment_id = self._create_experiment(experiment_name)
         else:
@@ -277,7 +278,9 @@ class Tracker:
 
         Such a run belonged to a process that died (killed, out of memory, power loss): Optuna's
         heartbeat marked the trial FAIL and queued a retry. The run becomes KILLED with a
-        ``killed_reason`` tag. Returns the closed run ids.
+        ``killed_reason`` tag. A process can also die between closing its run and Optuna storing
+        the result: that run says COMPLETE while its trial failed and is retried, so it is turned
+        KILLED too. Returns the closed run ids.
         """
         from optuna.trial import TrialState
 
@@ -292,13 +295,11 @@ class Tracker:
                       max_results=5000)
         mine = [r for r in runs if r.data.tags.get("study_name") == study.study_name
                 and r.data.tags.get("storage") == tag]
-        if not mine:
-            return []
         retried = {}
         for t in trials.values():
             for n in t.system_attrs.get("retry_history", []):
                 retried[n] = t.number
-        closed = []
+        closed = self._settle_killed_after_close(trials, retried)
         for run in mine:
             number = int(run.data.tags.get("trial_number", -1))
             trial = trials.get(number)
@@ -315,6 +316,31 @@ class Tracker:
             _retry(self.client.set_tag, run.info.run_id, "trial_state", "KILLED")
             _retry(self.client.set_terminated, run.info.run_id, "KILLED")
             closed.append(run.info.run_id)
+        return closed
+
+    def _settle_killed_after_close(self, trials: Mapping[int, Any], retried: Mapping[int, int]) -> list[str]:
+        """KILLED for the runs of retried trials that still say COMPLETE (each trial checked once)."""
+        from mlflow.exceptions import MlflowException
+        from optuna.trial import TrialState
+
+        closed = []
+        for number, t in trials.items():
+            run_id = t.user_attrs.get("mlflow_run_id")
+            if (t.state != TrialState.FAIL or t.user_attrs.get("error") or not run_id or number not in retried
+                    or run_id in self._settled):
+                continue
+            self._settled.add(run_id)
+            try:
+                run = self.client.get_run(run_id)
+            except MlflowException:  # logged to another MLflow store
+                continue
+            if run.info.status == "FINISHED" and run.data.tags.get("trial_state") == "COMPLETE":
+                reason = (f"its process died after closing the run but before Optuna stored the result; "
+                          f"Optuna trial {number} is FAIL (retried as trial {retried[number]})")
+                _retry(self.client.set_tag, run_id, "killed_reason", reason)
+                _retry(self.client.set_tag, run_id, "trial_state", "KILLED")
+                _retry(self.client.set_terminated, run_id, "KILLED")
+                closed.append(run_id)
         return closed
 
 
