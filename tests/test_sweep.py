@@ -65,8 +65,8 @@ def test_front_hypervolume_auc_and_preset_dominance_on_hand_made_points(tmp_path
     assert summary.presets["x"] is None
     assert summary.speedup_at_quality["q"]["trial"] == 1 and summary.speedup_at_quality["q"]["ratio"] == pytest.approx(2.0 / 1.5)
     rows = {r["trial"]: r for r in summary.rows()}
-    assert rows[1]["dominates q"] is True and rows[0]["dominates q"] is False and rows[3]["dominates s"] is False
-    assert rows[1]["dominates x"] is None and rows[1]["params"] == {"m2t.params.threshold": 0.1}
+    assert rows[1]["dominates_q"] is True and rows[0]["dominates_q"] is False and rows[3]["dominates_s"] is False
+    assert rows[1]["dominates_x"] is None and rows[1]["params"] == {"m2t.params.threshold": 0.1}
     files = write_all(summary, tmp_path / "out")
     assert files["png"].read_bytes()[:4] == b"\x89PNG"
     csv_lines = files["csv"].read_text().splitlines()
@@ -225,6 +225,7 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
         assert client.get_metric_history(run.info.run_id, "progress.accuracy_so_far")[-1].step == 8
         assert "records.jsonl" in {a.path for a in client.list_artifacts(run.info.run_id)}
         assert tags["preset"] == (t.user_attrs.get("preset") or "none")
+        assert tags["mlflow.note.content"].startswith(f"Trial {t.number} of study 't': ")  # the run's description
         assert tags["on_front"] == str(t.number in front).lower()
     # the parent's front metrics are a curve over trial numbers, not one dot per sweep
     steps = [m.step for m in client.get_metric_history(parent.info.run_id, "front_size")]
@@ -259,7 +260,7 @@ def test_pareto_cli_table_json_and_logging(swept, capsys, tmp_path):
     assert main(args + ["--json", "--out", str(tmp_path / "p")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mlflow_parent_run_id"] == swept["first"].parent_run_id
-    assert out["front"] and {"trial", "accuracy", "tpf", "params", "dominates llada2.1-s", "dominates llada2.1-q"} <= set(out["front"][0])
+    assert out["front"] and {"trial", "accuracy", "tpf", "params", "dominates_llada2.1-s", "dominates_llada2.1-q"} <= set(out["front"][0])
     assert set(out["presets"]) == {"llada2.1-s", "llada2.1-q"} and out["hypervolume_reference"] == {"accuracy": 0.0, "tpf": 0.0}
     assert (tmp_path / "p" / "pareto.png").exists() and (tmp_path / "p" / "pareto.csv").exists()
     assert main(args) == 0

@@ -150,7 +150,7 @@ class ParetoSummary:
             for m in dict.fromkeys([*self.objectives, "accuracy", "tpf"]):
                 row[m] = p.metrics.get(m)
             for name, dom in self.dominates_presets(p).items():
-                row[f"dominates {name}"] = dom
+                row[f"dominates_{name}"] = dom
             for name, tie in self.ties(p).items():
                 row[f"tied_accuracy {name}"] = tie
             row["params"] = p.params
@@ -306,12 +306,12 @@ def format_table(summary: ParetoSummary) -> str:
 
 
 def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
-    """Every COMPLETE trial, one row each, with ``on_front`` and ``dominates <preset>`` columns."""
+    """Every COMPLETE trial, one row each, with ``on_front`` and ``dominates_<preset>`` columns."""
     path = Path(path)
     on_front = {p.trial for p in summary.front}
     metric_keys = sorted({k for p in summary.points for k in p.metrics})
     param_keys = sorted({k for p in summary.points for k in p.params})
-    head = ["trial", "preset", "on_front", *metric_keys, *[f"dominates {n}" for n in summary.presets],
+    head = ["trial", "preset", "on_front", *metric_keys, *[f"dominates_{n}" for n in summary.presets],
             *[f"tied_accuracy {n}" for n in summary.presets], *[f"param {k}" for k in param_keys], "policy_hash"]
     with path.open("w", newline="") as f:
         w = csv.writer(f)

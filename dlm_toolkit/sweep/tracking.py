@@ -266,7 +266,10 @@ class Tracker:
     # -- trial runs --------------------------------------------------------------------------
     def start_trial(self, parent_id: str, study_name: str, storage: str, trial_number: int,
                     tags: Mapping[str, Any]) -> TrialRun:
+        what = f"preset {tags['preset']}" if tags.get("preset") not in (None, "none") else "a policy proposed by the sampler"
         all_tags = {"mlflow.parentRunId": parent_id, "kind": KIND_TRIAL, "study_name": study_name,
+                    "mlflow.note.content": f"Trial {trial_number} of study '{study_name}': {what}, evaluated on "
+                                           f"task {tags.get('task')} (seed {tags.get('seed')}); policy.json is the policy.",
                     "storage": hide_password(storage), "trial_number": str(trial_number),
                     "dlm_toolkit_version": _version(), "trial_state": "RUNNING",
                     **{k: str(v) for k, v in tags.items() if v is not None}}
