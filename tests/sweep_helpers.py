@@ -106,6 +106,20 @@ def runs(uri: str, experiment_name: str = "dlm-sweep") -> list[Any]:
     return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
 
 
+def children(parent: int, marker: bytes) -> list[int]:
+    """Pids of the live child processes of ``parent`` whose command line contains ``marker``."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(parent) and marker in cmdline:
+            found.append(int(status.parent.name))
+    return found
+
+
 def artifacts(uri: str, run_id: str) -> list[Any]:
     from mlflow import MlflowClient
 

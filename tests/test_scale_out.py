@@ -71,7 +71,7 @@ def test_workers_on_two_hosts_one_killed_share_one_study_exactly(stores, tmp_pat
     # ... and host a's second worker (a child process) at a random moment soon after
     delay = random.Random().uniform(0.0, 2.0)
     time.sleep(delay)
-    workers_a = _children(host_a.pid, b"dlm_toolkit.sweep.worker")
+    workers_a = h.children(host_a.pid, b"dlm_toolkit.sweep.worker")
     for pid in workers_a:
         os.kill(pid, signal.SIGKILL)
     again = subprocess.run(cmd_b, cwd=cwd_b, env={**h.env(), "OMP_NUM_THREADS": "1"}, capture_output=True,
@@ -102,19 +102,6 @@ def test_workers_on_two_hosts_one_killed_share_one_study_exactly(stores, tmp_pat
     assert by_id[trials[killed].user_attrs["mlflow_run_id"]].info.status == "KILLED"
     arts = {a.path for a in h.artifacts(tracking, parents[0].info.run_id)}
     assert {"pareto.csv", "pareto.json", "pareto.png"} <= arts  # served by the server, not a local path
-
-
-def _children(parent: int, marker: bytes) -> list[int]:
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(parent) and marker in cmdline:
-            found.append(int(status.parent.name))
-    return found
 
 
 def test_unreachable_servers_fail_before_any_trial(stores, tmp_path):

@@ -131,16 +131,7 @@ def test_workers_never_import_from_the_working_folder(tmp_path, monkeypatch):
 
 
 def _worker_children() -> list[int]:
-    mine = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(os.getpid()) and b"dlm_toolkit.sweep.worker" in cmdline:
-            mine.append(int(status.parent.name))
-    return mine
+    return h.children(os.getpid(), b"dlm_toolkit.sweep.worker")
 
 
 def test_bad_input_with_workers_leaves_no_worker_behind(tmp_path):
