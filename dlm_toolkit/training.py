@@ -49,7 +49,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -580,8 +579,7 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
         wall = time.perf_counter() - t_start
         cpu = time.process_time() - cpu_start
         _save(model, tokenizer, config, out, wall, cpu, loss_value, history, evals)
-        for folder in ("resume", "resume.tmp"):  # the final checkpoint supersedes them
-            shutil.rmtree(out / folder, ignore_errors=True)
+        training_resume.clear(out)
         if mlflow is not None:
             mlflow.log_metric("wall_time_s", wall)
             mlflow.log_artifacts(str(out), artifact_path="checkpoint")

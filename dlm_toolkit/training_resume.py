@@ -65,6 +65,12 @@ def find(out: Path) -> Path | None:
     return None
 
 
+def clear(out: Path) -> None:
+    """Remove every resume point under ``out`` (the final checkpoint supersedes them)."""
+    for folder in (resume_dir(out), Path(out) / "resume.tmp"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def save(out: Path, point: ResumePoint) -> Path:
     """Write ``point`` to ``out/resume/`` without ever leaving zero complete resume points behind."""
     from safetensors.torch import save_file

@@ -21,6 +21,7 @@ from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, hide_
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_HEARTBEAT = 10
+DEFAULT_RECONNECT = 60.0  # seconds a worker waits for a storage that stopped answering
 MAX_RETRY = 3
 
 
@@ -55,8 +56,7 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
         raise ConfigError(f"storage {hide_password(url)!r}: database driver not installed ({err}); "
                           "e.g. pip install 'psycopg[binary]' for postgresql://") from None
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"storage {hide_password(url)!r}: cannot open: {first}") from None
+        raise ConfigError(f"storage {hide_password(url)!r}: cannot open: {first_line(err)}") from None
 
 
 def load_study(storage: str | Any, study_name: str) -> Any:
@@ -77,6 +77,12 @@ def load_study(storage: str | Any, study_name: str) -> Any:
         names = optuna.get_all_study_names(store)
         raise ConfigError(f"no study named {study_name!r} in {hide_password(str(getattr(store, 'url', storage)))}"
                           f" (studies: {', '.join(names) or 'none'})") from None
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (driver errors run to many lines), else its type."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:
@@ -109,7 +115,7 @@ def wait_for_storage(study: Any, url: str, err: BaseException, budget_s: float, 
     Raises:
         StorageLost: still unreachable; the message says what is kept and how to continue.
     """
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    first = first_line(err)
     if echo is not None:
         echo(f"storage {hide_password(url)!r} stopped answering ({first}); retrying for up to {budget_s:.0f} s")
     deadline, delay = time.monotonic() + budget_s, 0.5

@@ -52,8 +52,8 @@ from dlm_toolkit.registry import set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment, load_experiment
 from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
-from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI, StorageLost,
-                                       create_or_resume, lost_connection, open_storage, optuna_quiet)
+from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
+                                       StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
 from dlm_toolkit.sweep.tracking import Tracker, check_sqlite_folder, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
 from dlm_toolkit.sweep.worker import dismiss, run_workers, worker_command
@@ -138,7 +138,7 @@ def run_sweep(
     device: str | None = None,
     dtype: str | None = None,
     devices: Sequence[str] | None = None,
-    reconnect_s: float = 60.0,
+    reconnect_s: float = DEFAULT_RECONNECT,
 ) -> SweepResult:
     """Search decoding policies for ``experiment`` until the study holds ``n_trials`` finished trials.
 

@@ -16,7 +16,8 @@ from dlm_toolkit.config import ConfigError, load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
 from dlm_toolkit.sweep.pareto import encode_outcomes
-from dlm_toolkit.sweep.storage import MAX_RETRY, lost_connection, optuna_quiet, wait_for_storage
+from dlm_toolkit.sweep.storage import (DEFAULT_RECONNECT, MAX_RETRY, lost_connection, optuna_quiet,
+                                       wait_for_storage)
 from dlm_toolkit.sweep.tracking import Tracker, TrialRun
 
 def is_counted(trial: Any) -> bool:
@@ -88,7 +89,7 @@ class TrialRunner:
     def __init__(self, exp: Experiment, study: Any, storage_url: str, n_trials: int, tracker: Tracker,
                  parent_run_id: str, model: Any = None, tokenizer: Any = None,
                  echo: Any = None, device: str | None = None, dtype: str | None = None,
-                 reconnect_s: float = 60.0) -> None:
+                 reconnect_s: float = DEFAULT_RECONNECT) -> None:
         from dlm_toolkit.tasks import get_task
 
         self.exp, self.study, self.storage_url, self.n_trials = exp, study, storage_url, n_trials

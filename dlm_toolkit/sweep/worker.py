@@ -130,7 +130,7 @@ def worker_main(payload: Mapping[str, Any]) -> int:
     tracker = Tracker(payload["tracking_uri"], exp.mlflow_experiment)
     runner = TrialRunner(exp, study, payload["storage"], int(payload["n_trials"]), tracker,
                          payload["parent_run_id"], device=payload.get("device"), dtype=payload.get("dtype"),
-                         reconnect_s=float(payload.get("reconnect_s", 60.0)))
+                         reconnect_s=float(payload["reconnect_s"]))
     runner.run()
     return 0
 

@@ -470,13 +470,11 @@ def _probe_bwrap(exe: str, is_root: bool) -> tuple[str | None, str | None, str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return None, None, "no 'bwrap' on PATH"
-    real = os.path.realpath(exe)
-    candidates = [real]
-    if is_root and not _others_can_reach(os.path.join(_prefix_of(real), "lib")):
-        candidates = [c for c in (_SYSTEM_PYTHON,) if os.path.exists(c)]
-        if not candidates:
-            return None, None, f"{real} is not readable by '{_SANDBOX_USER}' and there is no {_SYSTEM_PYTHON}"
-    python = candidates[0]
+    python = os.path.realpath(exe)
+    if is_root and not _others_can_reach(os.path.join(_prefix_of(python), "lib")):
+        if not os.path.exists(_SYSTEM_PYTHON):
+            return None, None, f"{python} is not readable by '{_SANDBOX_USER}' and there is no {_SYSTEM_PYTHON}"
+        python = _SYSTEM_PYTHON
     kwargs: dict = {}
     if is_root:
         entry = pwd.getpwnam(_SANDBOX_USER)
