@@ -500,8 +500,10 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
     if tracking_uri:
         import mlflow
 
+        from dlm_toolkit.sweep.tracking import Tracker
+
         mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment("dlm-train")
+        mlflow.set_experiment(experiment_id=Tracker(tracking_uri, "dlm-train").experiment_id)  # artifacts by the store
         if point is not None and point.mlflow_run_id and _run_exists(mlflow, point.mlflow_run_id):
             mlflow.start_run(run_id=point.mlflow_run_id)  # the continuation extends the same curves
         else:

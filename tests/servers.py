@@ -126,22 +126,46 @@ def postgres_server(databases: tuple[str, ...] = ("optuna", "mlflow")) -> Iterat
         cluster.close()
 
 
+class MlflowServer:
+    """``mlflow server`` with ``backend_uri`` and artifacts served from ``folder/artifacts``, on
+    ``url`` (``http://127.0.0.1:PORT``): :meth:`start`, :meth:`kill` (SIGKILL), :meth:`start` again
+    on the same port, :meth:`close`."""
+
+    def __init__(self, backend_uri: str, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backend_uri, self.folder = backend_uri, folder
+        self.port, self.log = free_port(), folder / "mlflow-server.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        mlflow = Path(sys.executable).with_name("mlflow")
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", self.backend_uri,
+                                          "--artifacts-destination", str(self.folder / "artifacts"),
+                                          "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+                                         stdout=out, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
+                                         start_new_session=True)
+        _wait(lambda: urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200, "mlflow server",
+              self.proc, self.log)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _stop(self.proc)
+
+
 @contextmanager
 def mlflow_server(backend_uri: str, folder: Path) -> Iterator[str]:
-    """``mlflow server`` with ``backend_uri`` and artifacts served from ``folder/artifacts``;
-    yields ``http://127.0.0.1:PORT``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    port, log = free_port(), folder / "mlflow-server.log"
-    mlflow = Path(sys.executable).with_name("mlflow")
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", backend_uri,
-                                 "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1",
-                                 "--port", str(port), "--workers", "1"],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=folder, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    """A :class:`MlflowServer` for the duration of the block; yields its URL."""
+    server = MlflowServer(backend_uri, folder)
     try:
-        _wait(lambda: urllib.request.urlopen(f"{url}/health", timeout=2).status == 200, "mlflow server", proc, log)
-        yield url
+        yield server.url
     finally:
-        _stop(proc)
+        server.close()

@@ -75,7 +75,7 @@ def experiment(model: Path | str | None = None, **overrides: Any) -> dict[str, A
             "m2t.params.threshold": {"float": [0.3, 0.99]},
             "t2t.name": {"categorical": ["none", "threshold"]},
             "t2t.params.threshold": {"float": [0.0, 0.95], "when": {"t2t.name": "threshold"}},
-            "blocks.params.block_length": {"categorical": [8, 16, 32]},
+            "blocks.params.block_length": {"categorical": [32, 8, 16]},  # stored in ascending order
         },
         "sampler": {"name": "random", "seed": 0},
     }

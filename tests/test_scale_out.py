@@ -187,3 +187,52 @@ def _trials(storage: str) -> list:
         return load_study(storage, "t").get_trials(deepcopy=False)
     except Exception:
         return []
+
+
+def test_a_tracking_server_that_dies_mid_sweep(tmp_path):
+    """`mlflow server` is SIGKILLed while a sweep logs to it: after the MLflow client's retries the
+    sweep exits 2 saying so, the trial in flight is failed (not counted) with a retry queued, no trial
+    is half-written; with the server back, the same command finishes exactly N trials."""
+    server = servers.MlflowServer(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}", tmp_path / "mlflow")
+    try:
+        storage = f"sqlite:///{tmp_path}/optuna.db"
+        f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=16, batch_size=8, n_trials=10))
+        cmd = [*h.DLM, "sweep", str(f), "--storage", storage, "--tracking-uri", server.url, "--threads", "1",
+               "--heartbeat", "1", "--no-progress"]
+        env = {**h.env(), "OMP_NUM_THREADS": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        deadline = time.time() + 180
+        while True:  # kill it once trials finished and one is in flight with its run open
+            trials = _trials(storage)
+            if sum(is_counted(t) for t in trials) >= 3 and any(
+                    t.state == TrialState.RUNNING and t.user_attrs.get("mlflow_run_id") for t in trials):
+                break
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.01)
+        server.kill()
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and "MLflow server stopped answering" in err and "Traceback" not in err, err[-3000:]
+        trials = load_study(storage, "t").get_trials()
+        assert not [t.number for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("error")]
+        assert [t.state for t in trials].count(TrialState.FAIL) <= 1
+        for t in trials:
+            if t.state == TrialState.COMPLETE:  # finished means fully stored
+                assert t.user_attrs.get("metrics") and t.user_attrs.get("outcomes")
+            elif t.state == TrialState.FAIL:  # the trial in flight: marked failed, retried with its params
+                assert t.user_attrs.get("interrupted")
+                retry = [r for r in trials if t.number in r.system_attrs.get("retry_history", [])]
+                assert len(retry) == 1 and retry[0].state == TrialState.WAITING and retry[0].params == t.params
+            else:
+                assert t.state == TrialState.WAITING, t
+        server.start()
+        again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        trials = load_study(storage, "t").get_trials()
+        assert sum(is_counted(t) for t in trials) == 10
+        runs = h.runs(server.url)
+        assert [r for r in runs if r.info.status == "RUNNING"] == []  # the orphaned run was closed on resume
+        assert len([r for r in runs if r.data.tags.get("kind") == "study"]) == 1
+    finally:
+        server.close()

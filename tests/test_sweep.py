@@ -203,11 +203,13 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
     assert {"front_size", "n_complete", "hypervolume", "auc"} <= set(parent.data.metrics)
     space = json.loads(parent.data.params["search_space"])  # the keys with their ranges
     assert space["m2t.params.threshold"]["float"] == [0.3, 0.99] and space["t2t.name"]["categorical"] == ["none", "threshold"]
+    assert space["blocks.params.block_length"]["categorical"] == [8, 16, 32]  # numbers ascending, names as written
     study = load_study(swept["storage"], "t")
     by_number = {t.number: t for t in study.get_trials()}
     front = {p.trial for p in summarize(study).front}
     import dlm_toolkit
 
+    assert {t.distributions["blocks.params.block_length"].choices for t in by_number.values()} == {(8, 16, 32)}
     for run in children:
         t = by_number[int(run.data.tags["trial_number"])]
         assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -483,3 +485,63 @@ def test_reconcile_kills_the_run_of_a_trial_that_died_after_closing_it(tmp_path)
     assert "retried as trial 2" in run.data.tags["killed_reason"]
     assert tracker.client.get_run(runs[fine.number].run_id).info.status == "FINISHED"
     assert tracker.reconcile(study, storage) == []  # settled once
+
+
+def test_a_relative_sqlite_store_survives_moving_its_folder(tmp_path, monkeypatch):
+    """``sqlite:///runs/mlflow.db`` resolves against the working folder; so do its artifacts."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from dlm_toolkit.evaluate import EvalResult
+    from dlm_toolkit.sweep.tracking import log_eval_run
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    (before / "runs").mkdir(parents=True)
+    h.tracking_uri(before / "runs")
+    monkeypatch.chdir(before)
+    uri = "sqlite:///runs/mlflow.db"
+    policy = load_policy("llada2.1-q")
+    result = EvalResult({"accuracy": 0.5, "tpf": 2.0}, [{"score": 1.0, "completion": "12"}, {"score": 0.0, "completion": "x"}])
+    run_id = log_eval_run(result, policy, "add", h.checkpoint(), uri)
+    assert MlflowClient(uri).get_experiment_by_name("dlm-eval").artifact_location == "runs/mlartifacts/dlm-eval"
+    shutil.move(before, after)
+    monkeypatch.chdir(after)
+    client = MlflowClient(uri)
+    assert open(client.download_artifacts(run_id, "policy.json", str(tmp_path))).read() == policy.canonical_json()
+    records = open(client.download_artifacts(run_id, "records.jsonl", str(tmp_path))).read().splitlines()
+    assert [json.loads(r)["completion"] for r in records] == ["12", "x"]
+    # an absolute store URI keeps absolute locations (moving it breaks the URI as well)
+    absolute = f"sqlite:///{after / 'runs' / 'mlflow.db'}"
+    log_eval_run(result, policy, "add", h.checkpoint(), absolute, experiment_name="other")
+    assert MlflowClient(absolute).get_experiment_by_name("other").artifact_location == \
+        (after / "runs" / "mlartifacts" / "other").as_uri()
+
+
+def test_an_unreachable_tracking_server_is_reported_once(tmp_path):
+    """The first call the MLflow client gave up on raises TrackingLost; later calls raise it at once
+    (no second round of retries); an answer from the server (HTTP 400) stays an ordinary error."""
+    from mlflow.exceptions import MlflowException
+
+    from dlm_toolkit.sweep.tracking import Tracker, TrackingLost
+
+    tracker = Tracker(h.tracking_uri(tmp_path), "x")
+    calls = []
+
+    def answered():
+        calls.append("answered")
+        raise MlflowException("API request to endpoint /api/2.0/mlflow/runs/create failed with error code 400 != 200")
+
+    def refused():
+        calls.append("refused")
+        raise MlflowException("API request to http://127.0.0.1:1/api/2.0/mlflow/runs/create failed with exception "
+                              "HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded\nmore lines")
+
+    with pytest.raises(MlflowException) as err:
+        tracker._call(answered)
+    assert not isinstance(err.value, TrackingLost) and tracker.lost is None
+    with pytest.raises(TrackingLost, match=r"MLflow server stopped answering \(API request to http://127.0.0.1:1/"):
+        tracker._call(refused)
+    with pytest.raises(TrackingLost):
+        tracker._call(lambda: calls.append("later"))
+    assert calls == ["answered", "refused"]

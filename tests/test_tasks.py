@@ -333,6 +333,17 @@ def test_either_accepts_both_strings_and_nothing_else() -> None:
         mixed = a[: first + 1] + b[first + 1 :]  # a's choice at the first difference, b's after
         for bad in (mixed, a[:-1], a + "x", a.upper(), "", "|".join((a, b))):
             assert task.score(inst, bad) == 0.0
+        # marked (the default): shared positions lowercase, differing ones uppercase in a, digits in b
+        for x, y in zip(a, b):
+            assert (x == y and x.islower()) or (x.isupper() and y.isdigit()), (a, b)
+
+
+def test_unmarked_either_differs_by_lowercase_letters() -> None:
+    task = get_task("either", marked=False)
+    for inst in task.instances(50, seed=2, split="eval"):
+        a, b = inst.meta["options"]
+        assert (a + b).islower() and (a + b).isalpha() and sum(x != y for x, y in zip(a, b)) >= 2
+        assert task.score(inst, a) == task.score(inst, b) == 1.0
 
 
 def test_new_tasks_have_long_answers_and_chance_zero() -> None:

@@ -116,6 +116,10 @@ class ParamSpec(_Frozen):
                 raise ValueError(f"categorical: values repeat: {list(self.categorical)}")
             if self.log or self.step is not None:
                 raise ValueError("log/step apply to float and int ranges only")
+            if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in self.categorical):
+                # numbers in ascending order whatever the YAML's order: the dashboards draw the choices in
+                # the distribution's order; names keep the author's order
+                object.__setattr__(self, "categorical", tuple(sorted(self.categorical)))
             return self
         lo, hi = self.float_ if self.float_ is not None else self.int_
         if not lo <= hi:

@@ -16,7 +16,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
-from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, hide_password
+from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, first_line, hide_password
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -77,12 +77,6 @@ def load_study(storage: str | Any, study_name: str) -> Any:
         names = optuna.get_all_study_names(store)
         raise ConfigError(f"no study named {study_name!r} in {hide_password(str(getattr(store, 'url', storage)))}"
                           f" (studies: {', '.join(names) or 'none'})") from None
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an error's message (driver errors run to many lines), else its type."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:

@@ -54,7 +54,7 @@ from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
 from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
                                        StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
-from dlm_toolkit.sweep.tracking import Tracker, check_sqlite_folder, hide_password
+from dlm_toolkit.sweep.tracking import Tracker, TrackingLost, check_sqlite_folder, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
 from dlm_toolkit.sweep.worker import dismiss, run_workers, worker_command
 
@@ -228,10 +228,13 @@ def run_sweep(
             summary = summarize(study)
             tracker.log_pareto(parent, summary, study)
         except Exception as err:
-            if lost_connection(err) is None:
+            if lost_connection(err) is None and not isinstance(err, TrackingLost):
                 raise
-            # the store is gone: the error that ended the loop says so (or the line below)
-        tracker.finish_parent(parent, status)
+            # a store is gone: the error that ended the loop says so (or the lines below)
+        if tracker.lost is None:
+            tracker.finish_parent(parent, status)
+    if tracker.lost is not None:
+        raise tracker.lost
     if summary is None:
         raise StorageLost(f"storage {hide_password(storage)!r}: connection lost while closing the sweep; finished "
                           "trials are stored -- run the same command again to finish and summarise")

@@ -68,6 +68,12 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(db) if db and db != ":memory:" else None
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (driver errors run to many lines), else its type."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def check_sqlite_folder(uri: str, what: str) -> None:
     """A clear error for ``sqlite:///missing/folder/x.db`` (SQLite would say 'unable to open')."""
     try:
@@ -90,6 +96,20 @@ def _retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+class TrackingLost(ConfigError):
+    """The MLflow tracking server stopped answering (after the MLflow client's own retries)."""
+
+
+def _unreachable(err: BaseException) -> bool:
+    """MLflow's REST client gave up on a request (refused, reset, timed out, or 5xx until its retries
+    ran out); an answer from the server (bad request, not found) is not that."""
+    from mlflow.exceptions import MlflowException
+
+    text = str(err)
+    return isinstance(err, MlflowException) and text.startswith("API request to ") and (
+        " failed with exception " in text or " failed with timeout exception " in text)
 
 
 def _version() -> str:
@@ -116,6 +136,18 @@ def creation_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _store_relative_location(tracking_uri: str, experiment_id: str, location: str) -> None:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(tracking_uri)
+    try:
+        with engine.begin() as con:
+            con.execute(sqlalchemy.text("UPDATE experiments SET artifact_location = :location WHERE experiment_id = :id"),
+                        {"location": location, "id": int(experiment_id)})
+    finally:
+        engine.dispose()
 
 
 @contextmanager
@@ -148,28 +180,55 @@ class Tracker:
                 self.client = MlflowClient(tracking_uri)
                 exp = self.client.get_experiment_by_name(experiment_name)
         except Exception as err:
-            raise ConfigError(f"tracking URI {tracking_uri!r}: cannot open the MLflow store: "
-                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+            raise ConfigError(f"tracking URI {tracking_uri!r}: cannot open the MLflow store: {first_line(err)}") from None
         self._settled: set[str] = set()  # run ids of killed trials already checked by reconcile
+        self.lost: TrackingLost | None = None
         if exp is None:
             self.experiment_id = self._create_experiment(experiment_name)
         else:
             self.experiment_id = exp.experiment_id
 
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call an MLflow client method (SQLite lock errors retried). Once the tracking server has
+        stopped answering, every later call raises the same :class:`TrackingLost` at once instead of
+        waiting out MLflow's retries (minutes) again."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            return _retry(fn, *args, **kwargs)
+        except Exception as err:
+            if not _unreachable(err):
+                raise
+            self.lost = TrackingLost(
+                f"tracking URI {self.tracking_uri!r}: the MLflow server stopped answering ({first_line(err)}); "
+                "the trial in flight is marked failed and retried with the same parameters, finished trials are "
+                "stored in the Optuna storage -- run the same command again once the server is back")
+            raise self.lost from err
+
     def _create_experiment(self, name: str) -> str:
-        """Artifacts of a SQLite store go next to the database (``mlartifacts/``), not into the cwd."""
+        """Artifacts of a SQLite store go next to the database (``mlartifacts/``), not into the cwd.
+
+        A relative ``sqlite:///runs/mlflow.db`` gets a relative artifact location
+        (``runs/mlartifacts/<name>``): both resolve against the folder the store is used from, so
+        the store survives moving that folder. MLflow makes every location absolute on creation,
+        hence the rewrite of the experiment's row right after it.
+        """
         db = sqlite_file(self.tracking_uri)
         location = None
         if db is not None:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-            location = (db.resolve().parent / "mlartifacts" / safe).as_uri()
+            location = db.parent / "mlartifacts" / safe
         try:
-            return _retry(self.client.create_experiment, name, artifact_location=location)
+            experiment_id = self._call(self.client.create_experiment, name,
+                                   artifact_location=None if location is None else location.resolve().as_uri())
         except Exception:  # created concurrently by another worker
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return exp.experiment_id
+        if location is not None and not location.is_absolute():
+            _store_relative_location(self.tracking_uri, experiment_id, location.as_posix())
+        return experiment_id
 
     # -- parent runs -------------------------------------------------------------------------
     def find_parent(self, study_name: str, storage: str, all_experiments: bool = False) -> str | None:
@@ -178,7 +237,7 @@ class Tracker:
         if all_experiments:
             ids = [e.experiment_id for e in self.client.search_experiments()]
         tag = hide_password(storage)
-        runs = _retry(self.client.search_runs, ids, filter_string=f"tags.kind = '{KIND_STUDY}'",
+        runs = self._call(self.client.search_runs, ids, filter_string=f"tags.kind = '{KIND_STUDY}'",
                       max_results=5000, order_by=["attributes.start_time ASC"])
         for run in runs:
             if run.data.tags.get("study_name") == study_name and run.data.tags.get("storage") == tag:
@@ -190,12 +249,12 @@ class Tracker:
         """Find the study's parent run (and mark it RUNNING again) or create it."""
         run_id = self.find_parent(study_name, storage)
         if run_id is not None:
-            _retry(self.client.update_run, run_id, status="RUNNING")
+            self._call(self.client.update_run, run_id, status="RUNNING")
             return run_id
         tags = {"kind": KIND_STUDY, "study_name": study_name, "storage": hide_password(storage),
                 "dlm_toolkit_version": _version(), "task": str(settings.get("task")),
                 "checkpoint": str(settings.get("model")), "seed": str(settings.get("seed"))}
-        run = _retry(self.client.create_run, self.experiment_id, run_name=f"study-{study_name}", tags=tags)
+        run = self._call(self.client.create_run, self.experiment_id, run_name=f"study-{study_name}", tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param
 
@@ -203,14 +262,14 @@ class Tracker:
                 "batch_size": settings.get("batch_size"), "sampler": json.dumps(settings.get("sampler")),
                 "objectives": json.dumps(settings.get("objectives")), "pruning": json.dumps(settings.get("pruning")),
                 "search_space": json.dumps(settings.get("search_space") or {}, sort_keys=True)}  # keys with ranges
-        _retry(self.client.log_batch, run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
-        _retry(self.client.log_text, run_id, json.dumps(settings, indent=1, sort_keys=True), "experiment.json")
+        self._call(self.client.log_batch, run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
+        self._call(self.client.log_text, run_id, json.dumps(settings, indent=1, sort_keys=True), "experiment.json")
         if experiment_file is not None and experiment_file.is_file():
-            _retry(self.client.log_artifact, run_id, str(experiment_file))
+            self._call(self.client.log_artifact, run_id, str(experiment_file))
         return run_id
 
     def finish_parent(self, run_id: str, status: str = "FINISHED") -> None:
-        _retry(self.client.set_terminated, run_id, status)
+        self._call(self.client.set_terminated, run_id, status)
 
     def log_pareto(self, run_id: str, summary: Any, study: Any = None) -> None:
         """Artifacts ``pareto.png/.csv/.json`` and summary metrics on the parent run; with
@@ -219,7 +278,7 @@ class Tracker:
 
         with tempfile.TemporaryDirectory() as tmp:
             for path in write_all(summary, tmp).values():
-                _retry(self.client.log_artifact, run_id, str(path))
+                self._call(self.client.log_artifact, run_id, str(path))
         self.log_front_metrics(run_id, summary)
         if study is not None:
             self.tag_front(study, summary)
@@ -234,12 +293,12 @@ class Tracker:
         front = {p.trial for p in summary.front}
         complete = {t.user_attrs.get("mlflow_run_id"): t.number
                     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-        runs = _retry(self.client.search_runs, [self.experiment_id], filter_string=f"tags.kind = '{KIND_TRIAL}'",
+        runs = self._call(self.client.search_runs, [self.experiment_id], filter_string=f"tags.kind = '{KIND_TRIAL}'",
                       max_results=50000)
         for run in runs:
             number = complete.get(run.info.run_id) if run.data.tags.get("study_name") == study.study_name else None
             if number is not None and run.data.tags.get("on_front") != str(number in front).lower():
-                _retry(self.client.set_tag, run.info.run_id, "on_front", str(number in front).lower())
+                self._call(self.client.set_tag, run.info.run_id, "on_front", str(number in front).lower())
 
     def log_front_metrics(self, run_id: str, summary: Any) -> None:
         """Front size, hypervolume, AUC, counts and preset comparisons on the parent run, at
@@ -260,7 +319,7 @@ class Tracker:
             sp = summary.speedup_at_quality.get(name)
             if sp:
                 values[f"speedup_at_quality_{name}"] = sp["ratio"]
-        _retry(self.client.log_batch, run_id,
+        self._call(self.client.log_batch, run_id,
                metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
 
     # -- trial runs --------------------------------------------------------------------------
@@ -273,8 +332,8 @@ class Tracker:
                     "storage": hide_password(storage), "trial_number": str(trial_number),
                     "dlm_toolkit_version": _version(), "trial_state": "RUNNING",
                     **{k: str(v) for k, v in tags.items() if v is not None}}
-        run = _retry(self.client.create_run, self.experiment_id, run_name=f"trial-{trial_number}", tags=all_tags)
-        return TrialRun(self.client, run.info.run_id)
+        run = self._call(self.client.create_run, self.experiment_id, run_name=f"trial-{trial_number}", tags=all_tags)
+        return TrialRun(self, run.info.run_id)
 
     def reconcile(self, study: Any, storage: str) -> list[str]:
         """Close RUNNING trial runs of ``study`` whose Optuna trial is not running any more.
@@ -293,7 +352,7 @@ class Tracker:
         # and a finished trial's run is already closed when the runs are read. (The other order
         # killed runs that finished between the two reads.)
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-        runs = _retry(self.client.search_runs, [self.experiment_id],
+        runs = self._call(self.client.search_runs, [self.experiment_id],
                       filter_string=f"tags.kind = '{KIND_TRIAL}' and attributes.status = 'RUNNING'",
                       max_results=5000)
         mine = [r for r in runs if r.data.tags.get("study_name") == study.study_name
@@ -315,9 +374,9 @@ class Tracker:
             reason = f"its process ended before the run was closed; Optuna trial {number} is {state}"
             if number in retried:
                 reason += f" (retried as trial {retried[number]})"
-            _retry(self.client.set_tag, run.info.run_id, "killed_reason", reason)
-            _retry(self.client.set_tag, run.info.run_id, "trial_state", "KILLED")
-            _retry(self.client.set_terminated, run.info.run_id, "KILLED")
+            self._call(self.client.set_tag, run.info.run_id, "killed_reason", reason)
+            self._call(self.client.set_tag, run.info.run_id, "trial_state", "KILLED")
+            self._call(self.client.set_terminated, run.info.run_id, "KILLED")
             closed.append(run.info.run_id)
         return closed
 
@@ -340,9 +399,9 @@ class Tracker:
             if run.info.status == "FINISHED" and run.data.tags.get("trial_state") == "COMPLETE":
                 reason = (f"its process died after closing the run but before Optuna stored the result; "
                           f"Optuna trial {number} is FAIL (retried as trial {retried[number]})")
-                _retry(self.client.set_tag, run_id, "killed_reason", reason)
-                _retry(self.client.set_tag, run_id, "trial_state", "KILLED")
-                _retry(self.client.set_terminated, run_id, "KILLED")
+                self._call(self.client.set_tag, run_id, "killed_reason", reason)
+                self._call(self.client.set_tag, run_id, "trial_state", "KILLED")
+                self._call(self.client.set_terminated, run_id, "KILLED")
                 closed.append(run_id)
         return closed
 
@@ -350,8 +409,8 @@ class Tracker:
 class TrialRun:
     """The nested MLflow run of one trial."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
-        self.client, self.run_id = client, run_id
+    def __init__(self, tracker: Tracker, run_id: str) -> None:
+        self.client, self.run_id, self._call = tracker.client, run_id, tracker._call
         self.closed = False
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -359,13 +418,13 @@ class TrialRun:
 
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
-            _retry(self.client.log_batch, self.run_id, params=items[i:i + 100])
+            self._call(self.client.log_batch, self.run_id, params=items[i:i + 100])
 
     def log_policy(self, policy: PolicyConfig) -> None:
         """Flat params, ``policy_hash`` tag and the ``policy.json`` artifact."""
         self.log_params(policy.flat())
-        _retry(self.client.set_tag, self.run_id, "policy_hash", policy.config_hash())
-        _retry(self.client.log_text, self.run_id, policy.canonical_json(), "policy.json")
+        self._call(self.client.set_tag, self.run_id, "policy_hash", policy.config_hash())
+        self._call(self.client.log_text, self.run_id, policy.canonical_json(), "policy.json")
 
     def log_provenance(self, provenance: Mapping[str, Any]) -> None:
         """Tags ``provenance.*`` (commit, versions, device, dtype, plug-ins with their hashes) and
@@ -374,15 +433,15 @@ class TrialRun:
         tags["provenance.plugins"] = " ".join(f"{p['class']}@{(p['sha256'] or '')[:12]}" for p in provenance["plugins"])
         from mlflow.entities import RunTag
 
-        _retry(self.client.log_batch, self.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
-        _retry(self.client.log_text, self.run_id, json.dumps(provenance, indent=1), "provenance.json")
+        self._call(self.client.log_batch, self.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+        self._call(self.client.log_text, self.run_id, json.dumps(provenance, indent=1), "provenance.json")
 
     def log_running(self, n_done: int, metrics: Mapping[str, float]) -> None:
-        _retry(self.client.log_metric, self.run_id, "progress.accuracy_so_far", float(metrics["accuracy"]), step=n_done)
+        self._call(self.client.log_metric, self.run_id, "progress.accuracy_so_far", float(metrics["accuracy"]), step=n_done)
 
     def log_records(self, records: list[dict[str, Any]]) -> None:
         text = "\n".join(json.dumps(r, default=str) for r in records) + "\n"
-        _retry(self.client.log_text, self.run_id, text, "records.jsonl")
+        self._call(self.client.log_text, self.run_id, text, "records.jsonl")
 
     def finish(self, status: str, trial_state: str, metrics: Mapping[str, float] | None = None,
                tags: Mapping[str, Any] | None = None) -> None:
@@ -392,8 +451,8 @@ class TrialRun:
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if isinstance(v, (int, float))]
         ts = [RunTag("trial_state", trial_state)] + [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
-        _retry(self.client.log_batch, self.run_id, metrics=ms, tags=ts)
-        _retry(self.client.set_terminated, self.run_id, status)
+        self._call(self.client.log_batch, self.run_id, metrics=ms, tags=ts)
+        self._call(self.client.set_terminated, self.run_id, status)
         self.closed = True
 
 
@@ -424,12 +483,12 @@ def log_eval_run(
             "policy_hash": policy.config_hash()}
     if seed is not None:
         tags["seed"] = str(seed)
-    run = _retry(tracker.client.create_run, tracker.experiment_id, run_name=tags["mlflow.runName"], tags=tags)
-    trial = TrialRun(tracker.client, run.info.run_id)
+    run = tracker._call(tracker.client.create_run, tracker.experiment_id, run_name=tags["mlflow.runName"], tags=tags)
+    trial = TrialRun(tracker, run.info.run_id)
     try:
         trial.log_params({**policy.flat(), "task": task, **({"n": n} if n is not None else {}),
                           **({"seed": seed} if seed is not None else {})})
-        _retry(tracker.client.log_text, run.info.run_id, policy.canonical_json(), "policy.json")
+        tracker._call(tracker.client.log_text, run.info.run_id, policy.canonical_json(), "policy.json")
         if provenance is not None:
             trial.log_provenance(provenance)
         if getattr(result, "records", None):
@@ -437,10 +496,10 @@ def log_eval_run(
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        _retry(tracker.client.log_batch, run.info.run_id,
+        tracker._call(tracker.client.log_batch, run.info.run_id,
                metrics=[Metric(k, float(v), now, 0) for k, v in result.metrics.items()])
-        _retry(tracker.client.set_terminated, run.info.run_id, "FINISHED")
+        tracker._call(tracker.client.set_terminated, run.info.run_id, "FINISHED")
     except BaseException:
-        _retry(tracker.client.set_terminated, run.info.run_id, "FAILED")
+        tracker._call(tracker.client.set_terminated, run.info.run_id, "FAILED")
         raise
     return run.info.run_id

@@ -18,7 +18,7 @@ from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
 from dlm_toolkit.sweep.pareto import encode_outcomes
 from dlm_toolkit.sweep.storage import (DEFAULT_RECONNECT, MAX_RETRY, lost_connection, optuna_quiet,
                                        wait_for_storage)
-from dlm_toolkit.sweep.tracking import Tracker, TrialRun
+from dlm_toolkit.sweep.tracking import Tracker, TrackingLost, TrialRun
 
 def is_counted(trial: Any) -> bool:
     """Whether a trial counts toward ``n_trials`` (see the module docstring)."""
@@ -172,6 +172,9 @@ class TrialRunner:
             if run is not None:
                 run.finish("FINISHED", "PRUNED", tags={"pruned_at": str(pruned)})
             raise
+        except TrackingLost:  # not the policy's fault: retried like a killed trial, once the loop stops
+            trial.set_user_attr("interrupted", True)
+            raise
         except Exception as err:
             message = f"{type(err).__name__}: {err}"
             trial.set_user_attr("error", message)
@@ -233,7 +236,10 @@ class TrialRunner:
 
         When the storage stops answering, waits up to ``reconnect_s`` seconds for it, then goes
         on (the trial in flight is retried by the heartbeat) or raises
-        :class:`~dlm_toolkit.sweep.storage.StorageLost`.
+        :class:`~dlm_toolkit.sweep.storage.StorageLost`. When the MLflow tracking server stops
+        answering (after the MLflow client's retries, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), the
+        trial in flight is marked failed and queued for a retry, and
+        :class:`~dlm_toolkit.sweep.tracking.TrackingLost` is raised.
         """
         while True:
             try:
@@ -270,6 +276,9 @@ class TrialRunner:
                 except KeyboardInterrupt:
                     self._requeue_interrupted()
                     raise
+                if self.tracker.lost is not None:  # optimize() caught it; the sweep cannot go on without MLflow
+                    self._requeue_interrupted()
+                    raise self.tracker.lost
                 continue
             if not told_waiting:
                 self.echo(f"waiting for {counts.running} running trial(s) to finish: another worker's, or one "

@@ -1,9 +1,14 @@
-"""Copy either: ``"either:abcde|abxdy="`` -> ``"abcde"`` or ``"abxdy"`` (verified).
+"""Copy either: ``"either:abQdR|ab3d7="`` -> ``"abQdR"`` or ``"ab3d7"`` (verified).
 
 The answer is one of two given strings, whole. Where the two agree every position is certain;
 where they differ each position alone is a coin flip, yet all of them must follow the same
 choice. Committing several differing positions at once from per-position marginals mixes the
 two strings — an answer that is neither.
+
+By default (``marked``) the first string differs by uppercase letters and the second by digits,
+so one committed differing character tells which string is being written: the choice is easy to
+*condition* on, hard to make in parallel. A 4-layer testbed never learned the unmarked variant's
+comparison of each written character against both strings (Q-mode accuracy 0.004).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ __all__ = ["EitherTask"]
 
 
 class EitherTask(Task):
-    """Copy one of two lowercase strings of ``min_len..max_len`` (default 24..32) letters.
+    """Copy one of two strings of ``min_len..max_len`` (default 24..32) characters.
 
-    The second string is the first with each position replaced, with probability ``differ``
-    (default 0.35), by another letter (at least two positions differ). The training reference is
+    Each position differs with probability ``differ`` (default 0.35; at least two positions
+    differ). Marked (default): shared positions are lowercase letters, differing ones an uppercase
+    letter in the first string and a digit in the second. Unmarked: the first string is lowercase
+    and the second replaces each differing position by another lowercase letter. The training reference is
     either string at random; :meth:`score` accepts exactly the two strings (trailing whitespace
     stripped); a mixture, a prefix or malformed text scores 0.
 
@@ -30,22 +37,27 @@ class EitherTask(Task):
     name = "either"
     description = "copy either of two strings whole, e.g. either:abcd|abxd=abxd"
     metric_name = "valid_answer"
-    answer_alphabet = string.ascii_lowercase
+    answer_alphabet = string.ascii_letters + string.digits
 
-    def __init__(self, min_len: int = 24, max_len: int = 32, differ: float = 0.35) -> None:
+    def __init__(self, min_len: int = 24, max_len: int = 32, differ: float = 0.35, marked: bool = True) -> None:
         if not 2 <= min_len <= max_len:
             raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
         if not 0.0 < differ <= 1.0:
             raise ValueError(f"differ must be in (0, 1], got {differ}")
-        self.min_len, self.max_len, self.differ = min_len, max_len, differ
+        self.min_len, self.max_len, self.differ, self.marked = min_len, max_len, differ, bool(marked)
         self.answer_length = max_len
 
     def _sample(self, rng: random.Random, split: Split) -> Instance:
         n = rng.randint(self.min_len, self.max_len)
-        a = [rng.choice(string.ascii_lowercase) for _ in range(n)]
-        b = list(a)
-        while sum(x != y for x, y in zip(a, b)) < 2:
-            b = [rng.choice([c for c in string.ascii_lowercase if c != x]) if rng.random() < self.differ else x for x in a]
+        while True:
+            differs = [rng.random() < self.differ for _ in range(n)]
+            if sum(differs) >= 2:
+                break
+        a = [rng.choice(string.ascii_uppercase if d and self.marked else string.ascii_lowercase) for d in differs]
+        if self.marked:
+            b = [rng.choice(string.digits) if d else x for d, x in zip(differs, a)]
+        else:
+            b = [rng.choice([c for c in string.ascii_lowercase if c != x]) if d else x for d, x in zip(differs, a)]
         options = ["".join(a), "".join(b)]
         return Instance(prompt=f"either:{options[0]}|{options[1]}=", reference=rng.choice(options),
                         meta={"options": options})
@@ -60,4 +72,4 @@ class EitherTask(Task):
         return float(completion.rstrip() in self._options(instance))
 
     def __repr__(self) -> str:
-        return f"EitherTask(min_len={self.min_len}, max_len={self.max_len}, differ={self.differ})"
+        return f"EitherTask(min_len={self.min_len}, max_len={self.max_len}, differ={self.differ}, marked={self.marked})"
