@@ -293,8 +293,10 @@ class Tracker:
         front = {p.trial for p in summary.front}
         complete = {t.user_attrs.get("mlflow_run_id"): t.number
                     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-        runs = self._call(self.client.search_runs, [self.experiment_id], filter_string=f"tags.kind = '{KIND_TRIAL}'",
-                      max_results=50000)
+        query = f"tags.kind = '{KIND_TRIAL}'"
+        if "'" not in study.study_name:  # the filter language has no escapes; such names are filtered below only
+            query += f" and tags.study_name = '{study.study_name}'"
+        runs = self._call(self.client.search_runs, [self.experiment_id], filter_string=query, max_results=50000)
         for run in runs:
             number = complete.get(run.info.run_id) if run.data.tags.get("study_name") == study.study_name else None
             if number is not None and run.data.tags.get("on_front") != str(number in front).lower():
