@@ -75,6 +75,23 @@ def test_front_hypervolume_auc_and_preset_dominance_on_hand_made_points(tmp_path
     assert "dominated by 1 trial(s) [1]" in format_table(summary)
 
 
+def test_the_plot_shows_trials_that_share_a_point(tmp_path):
+    """Re-proposed policies and ties land on one point: one dot, every trial number (front) or a count."""
+    import matplotlib.pyplot as plt
+
+    from dlm_toolkit.sweep.pareto import figure, stack_label
+
+    acc_tpf = {0: (0.9, 1.0), 1: (0.5, 3.0), 2: (0.5, 3.0), 3: (0.4, 1.0), 4: (0.4, 1.0), 5: (0.4, 1.0),
+               6: (0.5, 3.0), 7: (0.5, 3.0), 8: (0.5, 3.0)}
+    points = [TrialPoint(i, {"accuracy": a, "tpf": t}, {}) for i, (a, t) in acc_tpf.items()]
+    summary = summarize_points("stacked", {"accuracy": "maximize", "tpf": "maximize"}, points, preset_names=[])
+    fig = figure(summary)
+    texts = sorted(t.get_text() for t in fig.axes[0].texts)
+    plt.close(fig)
+    assert texts == ["0", "1,2,6 +2", "x3"]  # front: 0 and the five at (3.0, 0.5); off the front: three at (1.0, 0.4)
+    assert stack_label([4, 9]) == "4,9" and stack_label([1, 2, 3, 4], most=2) == "1,2 +2"
+
+
 # -- validation before anything runs ------------------------------------------------------------
 BAD_EXPERIMENTS = [
     ({"bogus": 1}, "bogus"),

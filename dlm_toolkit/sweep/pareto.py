@@ -332,26 +332,59 @@ def write_json(summary: ParetoSummary, path: str | Path) -> Path:
 
 
 def plot(summary: ParetoSummary, path: str | Path) -> Path:
-    """``pareto.png``: all COMPLETE trials, the (accuracy, TPF) front as a step line, presets labelled."""
-    import matplotlib.pyplot as plt  # matplotlib picks a headless backend by itself when there is no display
+    """``pareto.png``: all COMPLETE trials, the (accuracy, TPF) front as a step line, presets labelled.
+
+    Trials at the same point (a re-proposed policy, a tie) draw as one dot, larger with each trial and
+    labelled with all of their numbers (front) or their count (elsewhere), so none hides behind another.
+    """
+    import matplotlib.pyplot as plt
 
     path = Path(path)
+    fig = figure(summary)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def stacks(points: Sequence[TrialPoint]) -> list[tuple[float, float, list[int]]]:
+    """(TPF, accuracy, trial numbers) of each distinct point, the numbers ascending."""
+    by_xy: dict[tuple[float, float], list[int]] = {}
+    for p in points:
+        by_xy.setdefault((p.metrics["tpf"], p.metrics["accuracy"]), []).append(p.trial)
+    return [(x, y, sorted(trials)) for (x, y), trials in by_xy.items()]
+
+
+def stack_label(trials: Sequence[int], most: int = 3) -> str:
+    """``"4,9,12"``; beyond ``most`` numbers ``"4,9,12 +2"``."""
+    shown = ",".join(map(str, trials[:most]))
+    return shown if len(trials) <= most else f"{shown} +{len(trials) - most}"
+
+
+def figure(summary: ParetoSummary) -> Any:
+    """The matplotlib figure of :func:`plot` (the caller closes it)."""
+    import matplotlib.pyplot as plt  # matplotlib picks a headless backend by itself when there is no display
+
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     pts = [p for p in summary.points if "accuracy" in p.metrics and "tpf" in p.metrics]
-    ax.scatter([p.metrics["tpf"] for p in pts], [p.metrics["accuracy"] for p in pts], s=18, c="0.6",
-               label=f"trials ({len(pts)} complete)", zorder=2)
+    everything = stacks(pts)
+    ax.scatter([x for x, _, _ in everything], [y for _, y, _ in everything],
+               s=[18 * len(t) for _, _, t in everything], c="0.6", label=f"trials ({len(pts)} complete)", zorder=2)
     plane = [(p.metrics["accuracy"], p.metrics["tpf"]) for p in pts]
     front = sorted((pts[i] for i in non_dominated(plane, ("maximize", "maximize"))),
                    key=lambda p: p.metrics["tpf"])
+    on_front = {(x, y) for x, y, _ in stacks(front)}
+    for x, y, trials in everything:
+        if len(trials) > 1 and (x, y) not in on_front:
+            ax.annotate(f"x{len(trials)}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color="0.4")
     if front:
         xs = [p.metrics["tpf"] for p in front]
         ys = [p.metrics["accuracy"] for p in front]
         ax.step(xs, ys, where="pre", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
         ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
         _interval_bars(ax, front, "tab:blue")
-        for p in front:
-            ax.annotate(str(p.trial), (p.metrics["tpf"], p.metrics["accuracy"]), textcoords="offset points",
-                        xytext=(3, -10), fontsize=7, color="tab:blue")
+        for x, y, trials in stacks(front):
+            ax.annotate(stack_label(trials), (x, y), textcoords="offset points", xytext=(3, -10), fontsize=7,
+                        color="tab:blue")
     for i, (name, pt) in enumerate(summary.presets.items()):
         if pt is None:
             continue
@@ -369,9 +402,7 @@ def plot(summary: ParetoSummary, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _interval_bars(ax: Any, points: Sequence[TrialPoint], color: str) -> None:
