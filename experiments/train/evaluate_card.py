@@ -48,6 +48,11 @@ def derived(results: dict) -> str:
         if task in s and task in none:
             gain = 100 * (s[task]["accuracy"] - none[task]["accuracy"])
             lines.append(f"- editing at S mode (edit threshold 0.0 vs `t2t.name=none`), `{task}`: {gain:+.1f} points")
+            if task in q:
+                loss = 100 * (q[task]["accuracy"] - none[task]["accuracy"])
+                share = f" = {gain / loss:.0%} of it" if loss > 0 else ""
+                lines.append(f"- S mode without editing vs Q, `{task}`: {-loss:+.1f} points; editing wins back "
+                             f"{gain:+.1f}{share}")
         if task in s and task in q and q[task]["tpf"] > 0:
             lines.append(f"- S-mode TPF / Q-mode TPF, `{task}`: {s[task]['tpf'] / q[task]['tpf']:.2f}x")
     return "\n".join(lines)
