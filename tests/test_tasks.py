@@ -346,6 +346,13 @@ def test_unmarked_either_differs_by_lowercase_letters() -> None:
         assert task.score(inst, a) == task.score(inst, b) == 1.0
 
 
+def test_tiesort_default_lists_have_9_to_12_items() -> None:
+    """The shipped v2 testbed's card is measured on these lengths (answers of 26-35 characters)."""
+    task = get_task("tiesort")
+    counts = {len(i.meta["items"]) for i in task.instances(200, seed=0, split="eval")}
+    assert counts == {9, 10, 11, 12} and task.answer_length == 35
+
+
 def test_new_tasks_have_long_answers_and_chance_zero() -> None:
     for name in ("tiesort", "either"):
         task = get_task(name)
