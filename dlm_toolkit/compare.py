@@ -60,12 +60,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand."""
     from dlm_toolkit.cli import add_import_arg, add_runtime_args
+    from dlm_toolkit.tasks import TASKS
 
     p = sub.add_parser("compare", help="two policies on the same instances: paired differences with intervals",
                        description="Evaluate policies A and B on the same eval instances and report the paired "
                        "difference in accuracy (exact McNemar test, bootstrap interval) and TPF (paired bootstrap).")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder with tokenizer files")
-    p.add_argument("--task", required=True, help="add, sort, sudoku, humaneval, tiesort or either")
+    p.add_argument("--task", required=True, help=", ".join(sorted(TASKS)))
     p.add_argument("--a", default="llada2.1-q", help="policy A: preset name or policy file (default llada2.1-q)")
     p.add_argument("--b", default="llada2.1-s", help="policy B: preset name or policy file (default llada2.1-s)")
     p.add_argument("--set-a", action="append", metavar="KEY=VALUE", help="override in policy A, repeatable")

@@ -62,7 +62,7 @@ def broken(tmp_path_factory):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--checkpoint", "{ckpt}", "--task", "multiply"], "unknown task 'multiply'; available tasks: add, either, humaneval, sort, sudoku, tiesort"),
+        (["--checkpoint", "{ckpt}", "--task", "multiply"], "unknown task 'multiply'; available tasks: add, either, humaneval, pick, sort, sudoku, tiesort"),
         (["--checkpoint", "{ckpt}", "--n", "0"], "--n: must be >= 1"),
         (["--checkpoint", "{no_tokenizer}"], "no tokenizer files"),
         (["--checkpoint", "{short_context}"], "context is 16"),

@@ -16,7 +16,7 @@ from dlm_toolkit.tasks.sudoku import (
     naked_single_rounds,
 )
 
-SYNTHETIC = ("add", "sort", "sudoku", "tiesort", "either")
+SYNTHETIC = ("add", "sort", "sudoku", "tiesort", "either", "pick")
 
 
 def _pairs(insts: list[Instance]) -> list[tuple[str, str]]:
@@ -25,7 +25,7 @@ def _pairs(insts: list[Instance]) -> list[tuple[str, str]]:
 
 # ----------------------------------------------------------------------------- registry / args
 def test_registry_and_unknown_name_lists_available() -> None:
-    assert set(TASKS) == {"add", "sort", "sudoku", "humaneval", "tiesort", "either"}
+    assert set(TASKS) == {"add", "sort", "sudoku", "humaneval", "tiesort", "either", "pick"}
     for name, cls in TASKS.items():
         assert cls.name == name
     with pytest.raises(ValueError) as err:
@@ -346,6 +346,29 @@ def test_unmarked_either_differs_by_lowercase_letters() -> None:
         assert task.score(inst, a) == task.score(inst, b) == 1.0
 
 
+def test_pick_accepts_every_chunkwise_choice_and_nothing_else() -> None:
+    from itertools import product
+
+    task = get_task("pick", min_chunks=2, max_chunks=4)
+    for inst in task.instances(30, seed=4, split="eval"):
+        a, b = (s.split(".") for s in inst.meta["options"])
+        assert len(a) == len(b) and 2 <= len(a) <= 4
+        for x, y in zip(a, b):  # each chunk differs somewhere; shared lowercase, uppercase vs digit
+            assert len(x) == len(y) and x != y
+            assert all((p == q and p.islower()) or (p.isupper() and q.isdigit()) for p, q in zip(x, y))
+        valid = {".".join(c) for c in product(*zip(a, b))}  # all 2^K answers, enumerated independently
+        assert inst.reference in valid and len(valid) == 2 ** len(a)
+        for answer in valid:
+            assert task.score(inst, answer) == 1.0
+        i = next(k for k, (p, q) in enumerate(zip(a[0], b[0])) if p != q)
+        mixed = a[0][:i] + b[0][i] + a[0][i + 1:]  # one differing character from the other string
+        if mixed not in (a[0], b[0]):
+            assert task.score(inst, ".".join([mixed, *a[1:]])) == 0.0
+        for bad in (".".join(a[:-1]), ".".join(a) + ".", "".join(a), ".".join(a).upper(), "",
+                    ".".join(a) + "." + b[-1], "|".join(inst.meta["options"])):
+            assert task.score(inst, bad) == 0.0, bad
+
+
 def test_tiesort_default_lists_have_9_to_12_items() -> None:
     """The shipped v2 testbed's card is measured on these lengths (answers of 26-35 characters)."""
     task = get_task("tiesort")
@@ -354,7 +377,7 @@ def test_tiesort_default_lists_have_9_to_12_items() -> None:
 
 
 def test_new_tasks_have_long_answers_and_chance_zero() -> None:
-    for name in ("tiesort", "either"):
+    for name in ("tiesort", "either", "pick"):
         task = get_task(name)
         assert 24 <= task.answer_length <= 96
         assert task.chance_score(n=300) == 0.0

@@ -26,6 +26,7 @@ TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 def register(sub: Any) -> None:
     """Add the sweep/eval subcommands to ``dlm``'s subparsers."""
     from dlm_toolkit.cli import add_import_arg, add_policy_args, add_runtime_args
+    from dlm_toolkit.tasks import TASKS
 
     p = sub.add_parser("sweep", help="Optuna search of decoding policies (speed-quality Pareto front)",
                        description="Run (or resume) an Optuna study over the search space of an experiment "
@@ -81,7 +82,7 @@ def register(sub: Any) -> None:
                        description="Decode N eval instances of a task with a policy and report quality and "
                        "speed (TPF counts generated tokens up to and including the first EOS, per forward).")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder with tokenizer files")
-    p.add_argument("--task", required=True, help="add, sort, sudoku, humaneval, tiesort or either")
+    p.add_argument("--task", required=True, help=", ".join(sorted(TASKS)))
     add_policy_args(p)
     p.add_argument("--n", type=int, required=True, help="number of eval instances")
     p.add_argument("--seed", type=int, default=0)

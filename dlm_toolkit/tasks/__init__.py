@@ -5,8 +5,8 @@
 >>> task.score(inst, inst.reference)
 1.0
 
-Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``, and two tasks with many correct,
-strongly coupled answers: ``tiesort`` and ``either`` (see :data:`TASKS`). Every task's
+Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``, and
+three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick`` (see :data:`TASKS`). Every task's
 train and eval splits are disjoint by construction (see :mod:`dlm_toolkit.tasks.base`). Chance
 level (random guessing) is ~0 for all of them; :meth:`Task.chance_score` measures it.
 """
@@ -19,6 +19,7 @@ from .add import AddTask
 from .base import Instance, Split, Task, split_of
 from .either import EitherTask
 from .humaneval import HumanEvalTask
+from .pick import PickTask
 from .sort import SortTask
 from .sudoku import SudokuTask
 from .tiesort import TieSortTask
@@ -27,6 +28,7 @@ __all__ = [
     "TASKS",
     "AddTask",
     "EitherTask",
+    "PickTask",
     "HumanEvalTask",
     "Instance",
     "SortTask",
@@ -39,7 +41,7 @@ __all__ = [
 ]
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask)
+    cls.name: cls for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask, PickTask)
 }
 """Task name -> task class."""
 

@@ -1,0 +1,78 @@
+"""Pick per chunk: ``"pick:abQ.dRe|ab3.d7e="`` -> ``"abQ.d7e"``, ``"ab3.dRe"``, ... (verified).
+
+Two strings split into the same chunks (``.``-separated); the answer takes every chunk whole from
+either string, independently of the other chunks, so a problem with K chunks has 2^K correct
+answers. As in marked ``either``, shared positions are lowercase letters and differing ones an
+uppercase letter in the first string and a digit in the second. Inside a chunk the differing
+positions are coupled (a coin flip each alone, one choice together); chunks are not. So a careful
+decoder needs about one guess -- one forward -- per chunk, while committing many positions at once
+mixes the strings inside chunks: the task where parallel drafting is worth the most and costs the
+most.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+from .base import Instance, Split, Task
+
+__all__ = ["PickTask"]
+
+
+class PickTask(Task):
+    """``min_chunks..max_chunks`` (default 5..7) chunks of ``min_chunk..max_chunk`` (default 3..5)
+    characters; each position differs with probability ``differ`` (default 0.4; at least one per
+    chunk). The training reference picks each chunk's string at random; :meth:`score` accepts
+    exactly the answers made of whole chunks in order (trailing whitespace stripped).
+
+    The canonical key for the train/eval split is the unordered pair of strings.
+    """
+
+    name = "pick"
+    description = "take each chunk whole from either string, e.g. pick:abQ.dRe|ab3.d7e=abQ.d7e"
+    metric_name = "valid_answer"
+    answer_alphabet = string.ascii_letters + string.digits + "."
+
+    def __init__(self, min_chunks: int = 5, max_chunks: int = 7, min_chunk: int = 3, max_chunk: int = 5,
+                 differ: float = 0.4) -> None:
+        if not 1 <= min_chunks <= max_chunks:
+            raise ValueError(f"need 1 <= min_chunks <= max_chunks, got {min_chunks}, {max_chunks}")
+        if not 1 <= min_chunk <= max_chunk:
+            raise ValueError(f"need 1 <= min_chunk <= max_chunk, got {min_chunk}, {max_chunk}")
+        if not 0.0 < differ <= 1.0:
+            raise ValueError(f"differ must be in (0, 1], got {differ}")
+        self.min_chunks, self.max_chunks, self.min_chunk, self.max_chunk = min_chunks, max_chunks, min_chunk, max_chunk
+        self.differ = differ
+        self.answer_length = max_chunks * (max_chunk + 1) - 1
+
+    def _sample(self, rng: random.Random, split: Split) -> Instance:
+        a_chunks, b_chunks, picked = [], [], []
+        for _ in range(rng.randint(self.min_chunks, self.max_chunks)):
+            size = rng.randint(self.min_chunk, self.max_chunk)
+            while True:
+                differs = [rng.random() < self.differ for _ in range(size)]
+                if any(differs):
+                    break
+            a = "".join(rng.choice(string.ascii_uppercase if d else string.ascii_lowercase) for d in differs)
+            b = "".join(rng.choice(string.digits) if d else x for d, x in zip(differs, a))
+            a_chunks.append(a)
+            b_chunks.append(b)
+            picked.append(rng.choice((a, b)))
+        a, b = ".".join(a_chunks), ".".join(b_chunks)
+        return Instance(prompt=f"pick:{a}|{b}=", reference=".".join(picked), meta={"options": [a, b]})
+
+    def _options(self, instance: Instance) -> list[str]:
+        return instance.prompt.removeprefix("pick:").rstrip("=").split("|")
+
+    def canonical_key(self, instance: Instance) -> str:
+        return "|".join(sorted(self._options(instance)))
+
+    def score(self, instance: Instance, completion: str) -> float:
+        a, b = (s.split(".") for s in self._options(instance))
+        got = completion.rstrip().split(".")
+        return float(len(got) == len(a) and all(g in (x, y) for g, x, y in zip(got, a, b)))
+
+    def __repr__(self) -> str:
+        return (f"PickTask(min_chunks={self.min_chunks}, max_chunks={self.max_chunks}, min_chunk={self.min_chunk}, "
+                f"max_chunk={self.max_chunk}, differ={self.differ})")
