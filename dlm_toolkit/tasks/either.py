@@ -18,7 +18,15 @@ import string
 
 from .base import Instance, Split, Task
 
-__all__ = ["EitherTask"]
+__all__ = ["EitherTask", "marked_pair"]
+
+
+def marked_pair(rng: random.Random, differs: list[bool]) -> tuple[str, str]:
+    """Two strings that agree (lowercase letters) where ``differs`` is False and differ elsewhere:
+    an uppercase letter in the first, a digit in the second (all of the first drawn, then the second)."""
+    a = [rng.choice(string.ascii_uppercase if d else string.ascii_lowercase) for d in differs]
+    b = [rng.choice(string.digits) if d else x for d, x in zip(differs, a)]
+    return "".join(a), "".join(b)
 
 
 class EitherTask(Task):
@@ -53,12 +61,12 @@ class EitherTask(Task):
             differs = [rng.random() < self.differ for _ in range(n)]
             if sum(differs) >= 2:
                 break
-        a = [rng.choice(string.ascii_uppercase if d and self.marked else string.ascii_lowercase) for d in differs]
         if self.marked:
-            b = [rng.choice(string.digits) if d else x for d, x in zip(differs, a)]
+            options = list(marked_pair(rng, differs))
         else:
+            a = [rng.choice(string.ascii_lowercase) for _ in differs]
             b = [rng.choice([c for c in string.ascii_lowercase if c != x]) if d else x for d, x in zip(differs, a)]
-        options = ["".join(a), "".join(b)]
+            options = ["".join(a), "".join(b)]
         return Instance(prompt=f"either:{options[0]}|{options[1]}=", reference=rng.choice(options),
                         meta={"options": options})
 

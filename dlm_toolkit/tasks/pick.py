@@ -16,6 +16,7 @@ import random
 import string
 
 from .base import Instance, Split, Task
+from .either import marked_pair
 
 __all__ = ["PickTask"]
 
@@ -54,8 +55,7 @@ class PickTask(Task):
                 differs = [rng.random() < self.differ for _ in range(size)]
                 if any(differs):
                     break
-            a = "".join(rng.choice(string.ascii_uppercase if d else string.ascii_lowercase) for d in differs)
-            b = "".join(rng.choice(string.digits) if d else x for d, x in zip(differs, a))
+            a, b = marked_pair(rng, differs)
             a_chunks.append(a)
             b_chunks.append(b)
             picked.append(rng.choice((a, b)))
