@@ -14,9 +14,7 @@ from typing import Any, Callable
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings
-
-DEFAULT_STORAGE = "sqlite:///optuna.db"
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI
 # Metrics compared by `dlm replay`; wall time and tokens/s depend on the machine's load.
 DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token",
                          "forward_tokens_per_token", "n")
@@ -39,9 +37,9 @@ def register(sub: Any) -> None:
     p.add_argument("--study-name", help="default: the experiment's name (or file stem)")
     p.add_argument("--workers", type=int, default=1, help="processes evaluating trials in parallel")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base-policy key, repeatable")
-    p.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS",
+    p.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
                    help="trial heartbeat; a trial silent for 3x this is considered dead and retried")
-    p.add_argument("--reconnect", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--reconnect", type=float, default=DEFAULT_RECONNECT, metavar="SECONDS",
                    help="how long workers wait for a storage that stopped answering before giving up "
                         "(exit 2; finished trials are kept, the same command continues)")
     p.add_argument("--threads", type=int, help="torch CPU threads per worker (default: torch's choice; "

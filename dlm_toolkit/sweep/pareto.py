@@ -372,7 +372,8 @@ def figure(summary: ParetoSummary) -> Any:
     plane = [(p.metrics["accuracy"], p.metrics["tpf"]) for p in pts]
     front = sorted((pts[i] for i in non_dominated(plane, ("maximize", "maximize"))),
                    key=lambda p: p.metrics["tpf"])
-    on_front = {(x, y) for x, y, _ in stacks(front)}
+    front_stacks = stacks(front)
+    on_front = {(x, y) for x, y, _ in front_stacks}
     for x, y, trials in everything:
         if len(trials) > 1 and (x, y) not in on_front:
             ax.annotate(f"x{len(trials)}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color="0.4")
@@ -382,7 +383,7 @@ def figure(summary: ParetoSummary) -> Any:
         ax.step(xs, ys, where="pre", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
         ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
         _interval_bars(ax, front, "tab:blue")
-        for x, y, trials in stacks(front):
+        for x, y, trials in front_stacks:
             ax.annotate(stack_label(trials), (x, y), textcoords="offset points", xytext=(3, -10), fontsize=7,
                         color="tab:blue")
     for i, (name, pt) in enumerate(summary.presets.items()):

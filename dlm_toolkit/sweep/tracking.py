@@ -152,7 +152,7 @@ def _store_relative_location(tracking_uri: str, experiment_id: str, location: st
 
 @contextmanager
 def _quiet_http() -> Iterator[None]:
-    """Fail fast on an unreachable tracking server while checking it (MLflow retries ~2 min)."""
+    """Fail fast on an unreachable tracking server while checking it (MLflow retries for minutes)."""
     saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
@@ -220,7 +220,7 @@ class Tracker:
             location = db.parent / "mlartifacts" / safe
         try:
             experiment_id = self._call(self.client.create_experiment, name,
-                                   artifact_location=None if location is None else location.resolve().as_uri())
+                                       artifact_location=None if location is None else location.resolve().as_uri())
         except Exception:  # created concurrently by another worker
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
@@ -238,7 +238,7 @@ class Tracker:
             ids = [e.experiment_id for e in self.client.search_experiments()]
         tag = hide_password(storage)
         runs = self._call(self.client.search_runs, ids, filter_string=f"tags.kind = '{KIND_STUDY}'",
-                      max_results=5000, order_by=["attributes.start_time ASC"])
+                          max_results=5000, order_by=["attributes.start_time ASC"])
         for run in runs:
             if run.data.tags.get("study_name") == study_name and run.data.tags.get("storage") == tag:
                 return run.info.run_id
@@ -322,7 +322,7 @@ class Tracker:
             if sp:
                 values[f"speedup_at_quality_{name}"] = sp["ratio"]
         self._call(self.client.log_batch, run_id,
-               metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+                   metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
 
     # -- trial runs --------------------------------------------------------------------------
     def start_trial(self, parent_id: str, study_name: str, storage: str, trial_number: int,
@@ -499,7 +499,7 @@ def log_eval_run(
 
         now = int(time.time() * 1000)
         tracker._call(tracker.client.log_batch, run.info.run_id,
-               metrics=[Metric(k, float(v), now, 0) for k, v in result.metrics.items()])
+                      metrics=[Metric(k, float(v), now, 0) for k, v in result.metrics.items()])
         tracker._call(tracker.client.set_terminated, run.info.run_id, "FINISHED")
     except BaseException:
         tracker._call(tracker.client.set_terminated, run.info.run_id, "FAILED")
