@@ -12,6 +12,9 @@ On a CPU (or with ``--cpu-smoke``) a scaled-down shape of the same architecture 
 also under ``torchrun`` with gloo ranks, so CI runs the script end to end. For every batch size
 (1, 8) and preset (Q, S) it decodes a fixed prompt set with block length 32 and prints one record:
 tokens/s, ms per forward, NFE, TPF, engine overhead fraction, peak memory and the device name.
+``--roundtrip DIR`` then saves the random model in the official checkpoint format (safetensors
+shards + index), loads it back with ``load_model`` onto the device and checks that it decodes the
+same tokens (``--layers`` keeps the first N layers, so the round trip at real shapes fits a disk).
 ``--memory-table`` prints the bf16 memory per rank of mini and flash at 1/2/4/8 ranks (from the
 shapes: the model is built on the meta device, nothing is allocated).
 
@@ -29,13 +32,14 @@ import platform
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from dlm_toolkit import DecodingPolicy, decode
 from dlm_toolkit.distributed import init_from_env
-from dlm_toolkit.models import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
+from dlm_toolkit.models import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 
 # The official LLaDA2.1 configs (the fields the model reads). mini: inclusionAI/LLaDA2.1-mini
 # config.json; flash: inclusionAI/LLaDA2.1-flash config.json (the routing groups are those of the family's configs).
@@ -59,8 +63,8 @@ PRESETS = {"Q": "llada2.1-q", "S": "llada2.1-s"}
 PROMPT_LENGTHS = (48, 64, 80, 96, 112, 128, 144, 160)  # the fixed prompt set; batch b takes the first b
 
 
-def config(shape: str) -> LLaDA2Config:
-    return LLaDA2Config(**SHAPES[shape])
+def config(shape: str, layers: int | None = None) -> LLaDA2Config:
+    return LLaDA2Config(**dict(SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})))
 
 
 def prompts(cfg: LLaDA2Config, batch: int) -> list[list[int]]:
@@ -145,11 +149,10 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run(shape: str, device: torch.device, tp: TensorParallel, batches: list[int], presets: list[str],
-        gen_length: int, block: int, logit_scale: float, moe_impl: str) -> list[dict[str, Any]]:
-    cfg = config(shape)
-    dtype = torch.bfloat16 if device.type == "cuda" or shape != "smoke" else torch.float32
-    model = random_model(cfg, dtype, device, tp, logit_scale).set_moe_impl(moe_impl)
+def run(model: LLaDA2MoeModelLM, shape: str, device: torch.device, batches: list[int], presets: list[str],
+        gen_length: int, block: int, moe_impl: str) -> list[dict[str, Any]]:
+    dtype, cfg, tp = model.dtype, model.config, model.tp
+    model.set_moe_impl(moe_impl)
     timed = TimedModel(model, device)
     records = []
     for preset in presets:
@@ -164,7 +167,7 @@ def run(shape: str, device: torch.device, tp: TensorParallel, batches: list[int]
             forward_s = timed.forward_seconds()
             s = result.summary()
             records.append({
-                "shape": shape, "preset": preset, "batch": batch, "block_length": block, "gen_length": gen_length,
+                "shape": shape, "layers": cfg.num_hidden_layers, "preset": preset, "batch": batch, "block_length": block, "gen_length": gen_length,
                 "dtype": str(dtype).removeprefix("torch."), "moe_impl": moe_impl, "world_size": tp.world,
                 "tokens_per_second": s["tokens_per_second"], "ms_per_forward": 1e3 * forward_s / result.forward_calls,
                 "nfe_mean": s["nfe_mean"], "tpf": s["tpf"], "forward_calls": result.forward_calls,
@@ -173,6 +176,47 @@ def run(shape: str, device: torch.device, tp: TensorParallel, batches: list[int]
                 "device": device_name(device),
             })
     return records
+
+
+def roundtrip(model: LLaDA2MoeModelLM, folder: str, device: torch.device, batch: int, presets: list[str],
+               gen_length: int, block: int, moe_impl: str) -> dict[str, Any]:
+    """Save ``model`` in the official format, load it back onto ``device``, decode ``batch`` prompts
+    with each preset through both and compare the tokens."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    save_model(model, folder, max_shard_bytes=5 * 10**9)
+    t1 = time.perf_counter()
+    loaded = load_model(folder, dtype=model.dtype, device=device).set_moe_impl(moe_impl)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    batch_prompts = prompts(model.config, batch)
+    identical = {}
+    for preset in presets:
+        policy = DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+        a, b = (decode(m, batch_prompts, policy, gen_length) for m in (model, loaded))
+        identical[preset] = [r.tokens for r in a.rows] == [r.tokens for r in b.rows]
+    params = sum(t.numel() for t in model.state_dict().values())
+    return {"roundtrip": folder, "layers": model.config.num_hidden_layers, "parameters": params,
+            "bytes": sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")),
+            "files": len(list(Path(folder).glob("*.safetensors"))), "save_s": t1 - t0, "load_s": t2 - t1,
+            "tokens_identical": identical, "device": device_name(device)}
+
+
+def profile(model: LLaDA2MoeModelLM, device: torch.device, batch: int, preset: str, block: int) -> str:
+    """torch.profiler table (top 25 by device time, or CPU time on a CPU) of one 64-token decode."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    policy = DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+    batch_prompts = prompts(model.config, batch)
+    decode(model, batch_prompts, policy, block)  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        result = decode(model, batch_prompts, policy, 64)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return (f"profile: {preset} batch {batch}, {result.forward_calls} forwards, wall {result.wall_time:.3f} s\n"
+            + prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 
 def memory_per_rank(shape: str, world: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
@@ -210,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--logit-scale", type=float, default=None, help="lm_head scale (default 8, smoke 30)")
     parser.add_argument("--moe-impl", choices=["grouped", "reference"], default="grouped")
+    parser.add_argument("--layers", type=int, help="build only the first N layers (default: the shape's all)")
+    parser.add_argument("--roundtrip", metavar="DIR", help="then save to DIR, load back, compare decoded tokens")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile one 64-token decode (first preset, largest batch): top kernels and ops")
     parser.add_argument("--memory-table", action="store_true", help="print the memory-per-rank table and exit")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
@@ -226,10 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(1)
     smoke = shape == "smoke"
-    records = run(shape, device, tp, args.batch, args.presets, args.gen_length or (64 if smoke else 256),
-                  args.block_length, args.logit_scale or (30.0 if smoke else 8.0), args.moe_impl)
+    dtype = torch.bfloat16 if device.type == "cuda" or not smoke else torch.float32
+    model = random_model(config(shape, args.layers), dtype, device, tp, args.logit_scale or (30.0 if smoke else 8.0))
+    gen_length = args.gen_length or (64 if smoke else 256)
+    records = run(model, shape, device, args.batch, args.presets, gen_length, args.block_length, args.moe_impl)
+    if args.profile:
+        print(profile(model, device, max(args.batch), args.presets[0], args.block_length))
+    if args.roundtrip:
+        if tp.world > 1:
+            parser.error("--roundtrip: run it in one process (save_model writes a whole model)")
+        records.append(roundtrip(model, args.roundtrip, device, max(args.batch), args.presets, gen_length,
+                                 args.block_length, args.moe_impl))
     for r in records:
-        if args.json:
+        if args.json or "roundtrip" in r:
             print(json.dumps(r))
         else:
             print(f"{r['shape']} {r['preset']} batch {r['batch']}: {r['tokens_per_second']:.1f} tok/s, "

@@ -1,35 +1,54 @@
 """MoE speed: the reference path (one matmul chain per active expert, after a host sync) vs the
 grouped-GEMM path (stacked experts, one ``grouped_mm`` per projection) of the LLaDA2 model.
 
-Run: ``python benchmarks/moe_speed.py`` (prints JSON). Shapes: a scaled-down LLaDA2 MoE layer,
-256 experts, top-8, 8 groups keep 4, hidden 512, expert width 128, fp32 on the CPU, at decode
-sizes (32 and 256 tokens: one block of 32 at batch 1 and 8) and at a prefill size (2048 tokens).
+Run: ``python benchmarks/moe_speed.py`` (prints JSON). Default shapes: a scaled-down LLaDA2 MoE
+layer, 256 experts, top-8, 8 groups keep 4, hidden 512, expert width 128, fp32 on the CPU, at
+decode sizes (32 and 256 tokens: one block of 32 at batch 1 and 8) and at a prefill size (2048).
+
+On a GPU: ``python benchmarks/moe_speed.py --device cuda --dims mini`` (bf16, mini's layer: hidden
+2048, expert width 512). Each path's error is reported against a float32 run of the reference
+path on the same (upcast) weights: ``rel_err_*`` = ‖out − ref‖ / ‖ref‖.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
 import time
 
 import torch
 
 from dlm_toolkit.models.llada2 import LLaDA2Config, MoE
 
+DIMS = {"small": (512, 128), "mini": (2048, 512), "flash": (4096, 1024)}  # hidden, expert width
 
-def _best_time(fn, repeats: int) -> float:
+
+def _time(fn, repeats: int, device: torch.device) -> float:
+    """Median seconds per call (host clock on a CPU; CUDA events around each call on a GPU)."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 @torch.no_grad()
 def moe_speedup(tokens: int = 2048, hidden: int = 512, moe_intermediate: int = 128, num_experts: int = 256,
-                top_k: int = 8, n_group: int = 8, topk_group: int = 4, repeats: int = 3, seed: int = 0) -> dict:
-    """Seconds per call of both paths on the same routed input, their ratio and max difference."""
+                top_k: int = 8, n_group: int = 8, topk_group: int = 4, repeats: int = 3, seed: int = 0,
+                device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """Seconds per call of both paths on the same routed input, their ratio and their errors."""
+    device = torch.device(device)
     torch.manual_seed(seed)
     cfg = LLaDA2Config(
         vocab_size=16, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
@@ -38,23 +57,45 @@ def moe_speedup(tokens: int = 2048, hidden: int = 512, moe_intermediate: int = 1
         routed_scaling_factor=2.5, first_k_dense_replace=0, rms_norm_eps=1e-6, rope_theta=1e4,
         partial_rotary_factor=1.0, max_position_embeddings=tokens,
     )
-    moe = MoE(cfg, torch.float32)
-    for p in moe.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    x = torch.randn(tokens, hidden)
-    _, idx, weight = moe.gate(x)
+    with torch.device(device):
+        moe = MoE(cfg, dtype)
+        for p in moe.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        x = torch.randn(tokens, hidden, dtype=dtype)
+    _, idx, weight = moe.gate(x.float())
     experts = moe.experts
-    t_ref = _best_time(lambda: experts(x, idx, weight, "reference"), repeats)
-    t_grouped = _best_time(lambda: experts(x, idx, weight, "grouped"), repeats)
-    diff = (experts(x, idx, weight, "grouped") - experts(x, idx, weight, "reference")).abs().max()
+    t_ref = _time(lambda: experts(x, idx, weight, "reference"), repeats, device)
+    t_grouped = _time(lambda: experts(x, idx, weight, "grouped"), repeats, device)
+    ref = experts(x, idx, weight, "reference").float()
+    grouped = experts(x, idx, weight, "grouped").float()
+    exact = experts.float()(x.float(), idx, weight, "reference")  # upcasts the weights in place: last
     return {
-        "tokens": tokens, "hidden": hidden, "moe_intermediate": moe_intermediate, "num_experts": num_experts,
-        "top_k": top_k, "groups": f"{n_group}/{topk_group}", "active_experts": int(idx.unique().numel()),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "hidden": hidden,
+        "moe_intermediate": moe_intermediate, "num_experts": num_experts, "top_k": top_k,
+        "groups": f"{n_group}/{topk_group}", "active_experts": int(idx.unique().numel()),
         "threads": torch.get_num_threads(), "reference_s": t_ref, "grouped_s": t_grouped,
-        "speedup": t_ref / t_grouped, "max_abs_diff": diff.item(),
+        "speedup": t_ref / t_grouped, "max_abs_diff": (grouped - ref).abs().max().item(),
+        "rel_err_reference": ((ref - exact).norm() / exact.norm()).item(),
+        "rel_err_grouped": ((grouped - exact).norm() / exact.norm()).item(),
     }
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dims", choices=sorted(DIMS), default="small", help="hidden size and expert width")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[32, 256, 2048])
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 on a CPU, 20 on a GPU")
+    args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    if not cuda:
+        torch.set_num_threads(1)
+    hidden, inner = DIMS[args.dims]
+    print(json.dumps([moe_speedup(tokens=n, hidden=hidden, moe_intermediate=inner, device=args.device,
+                                  dtype=torch.bfloat16 if cuda else torch.float32,
+                                  repeats=args.repeats or (20 if cuda else 3)) for n in args.tokens], indent=2))
+
+
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    print(json.dumps([moe_speedup(tokens=n) for n in (32, 256, 2048)], indent=2))
+    main()

@@ -112,7 +112,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.kv]
     passed = failed = decodes = values = traced = 0
-    for check in run_conformance(args.folder, modes):
+    for check in run_conformance(args.folder, modes, device=args.device):
         decodes += check.decode
         values += check.values
         traced += check.traced
@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--kv", choices=["both", "on", "off"], default="both", help="KV-cache modes to run")
     p.add_argument("-v", "--verbose", action="store_true", help="also print passing checks")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N (always float32: the goldens' precision)")
     p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("strategies", help="list registered strategies or presets",

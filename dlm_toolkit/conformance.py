@@ -130,16 +130,24 @@ def compare_trace(want: list[dict], got: list[dict]) -> list[str]:
     return []
 
 
-def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, False)) -> Iterator[Check]:
-    """Yield one :class:`Check` for the logits fixture and one per (case, KV mode)."""
+def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, False),
+                    device: str | torch.device = "cpu") -> Iterator[Check]:
+    """Yield one :class:`Check` for the logits fixture and one per (case, KV mode).
+
+    The model runs in float32 on ``device``: the goldens are float32, and on a GPU (where float32
+    matmuls do not use TF32 unless asked) the same tolerances hold, so a GPU run checks the CUDA
+    path of the model and the decode loop against the reference.
+    """
     from dlm_toolkit.models import load_model
+    from dlm_toolkit.runtime import resolve_device
 
     folder = Path(folder)
     try:
         spec = json.loads((folder / "cases.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"{folder}: cannot read cases.json: {err}") from None
-    model = load_model(folder, mask_token_id=spec["mask_id"], eos_token_id=spec["eos_id"], check_finite=True)
+    model = load_model(folder, device=resolve_device(device), mask_token_id=spec["mask_id"],
+                       eos_token_id=spec["eos_id"], check_finite=True)
     if "logits_fixture" in spec:
         yield from check_logits(model, folder, spec["logits_fixture"])
     for case in spec["cases"]:
@@ -156,7 +164,8 @@ def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, Fals
 
 def check_logits(model: Any, folder: Path, fixture: dict[str, Any]) -> Iterator[Check]:
     tensors = load_file(str(folder / fixture["file"]))
-    ids, pos = tensors["input_ids"], tensors["position_ids"]
+    device = next(model.parameters()).device
+    ids, pos = tensors["input_ids"].to(device), tensors["position_ids"].to(device)
     n, length = ids.shape
     block = fixture["block_length"]
     blk = torch.arange(length) // block
@@ -169,7 +178,7 @@ def check_logits(model: Any, folder: Path, fixture: dict[str, Any]) -> Iterator[
         if key not in tensors:
             continue
         with torch.inference_mode():
-            got = model.forward_window(ids, pos, allowed.expand(n, -1, -1))
+            got = model.forward_window(ids, pos, allowed.to(device).expand(n, -1, -1)).float().cpu()
         err = float((got - tensors[key]).abs().max())
         failures = [] if err <= LOGITS_TOLERANCE else [f"max abs logit error {err:.3g} > {LOGITS_TOLERANCE}"]
         yield Check(f"logits {name}", failures)

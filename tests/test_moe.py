@@ -138,6 +138,16 @@ def test_grouped_kernel_support_by_device():
         tiny_llada2(0).set_moe_impl("loop")
 
 
+def test_a_torch_without_grouped_mm_runs_the_reference_path(monkeypatch):
+    """GPU images can carry an older torch than our pin: the model must still run there."""
+    model = tiny_llada2(0)
+    ids = torch.randint(0, 50, (2, 12))
+    want = model(ids)
+    monkeypatch.delattr(torch.nn.functional, "grouped_mm")
+    assert not grouped_mm_supported(torch.device("cpu"), torch.float32)
+    torch.testing.assert_close(model(ids), want, rtol=1e-5, atol=1e-6)
+
+
 def test_grouped_gradients_equal_reference():
     model, moe = random_moe((33, 13, 12, 3, 3, 2), seed=4)
     x = torch.randn(17, 33)

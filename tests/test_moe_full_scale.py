@@ -14,6 +14,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import full_scale  # noqa: E402
 
 from dlm_toolkit.cli import main  # noqa: E402
+from dlm_toolkit.models import TensorParallel, load_model  # noqa: E402
 
 
 def full_scale_section() -> str:
@@ -81,6 +82,25 @@ def test_readme_benchmark_smoke_runs_every_batch_and_preset():
     rows = records(proc.stdout)
     assert [(r["preset"], r["batch"]) for r in rows] == [("Q", 1), ("Q", 8), ("S", 1), ("S", 8)]
     check_records(rows, world=1)
+
+
+def test_readme_benchmark_roundtrip_saves_the_official_format_and_decodes_the_same(tmp_path):
+    line = command("python benchmarks/full_scale.py --cpu-smoke --json --layers 2")
+    folder = tmp_path / "rt"
+    proc = run_bounded(argv(line.replace("runs/smoke-roundtrip", str(folder))))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    *rows, trip = records(proc.stdout)
+    assert [(r["preset"], r["batch"], r["layers"]) for r in rows] == [("Q", 2, 2), ("S", 2, 2)]
+    assert trip["tokens_identical"] == {"Q": True, "S": True} and trip["layers"] == 2
+    # what was written is the benchmark's seeded random model, under the official names
+    loaded = load_model(folder)
+    want = full_scale.random_model(full_scale.config("smoke", 2), torch.float32, torch.device("cpu"),
+                                   TensorParallel(), logit_scale=30.0)
+    got_state, want_state = loaded.state_dict(), want.state_dict()
+    assert got_state.keys() == want_state.keys() and "model.layers.1.mlp.experts.31.down_proj.weight" in got_state
+    for key, t in want_state.items():
+        assert torch.equal(got_state[key], t), key
+    assert trip["parameters"] == sum(t.numel() for t in want_state.values())
 
 
 def test_readme_benchmark_smoke_on_two_gloo_ranks():

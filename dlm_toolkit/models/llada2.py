@@ -368,7 +368,10 @@ PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether ``torch.nn.functional.grouped_mm`` runs for these weights: any float dtype on the
-    CPU, bfloat16 on CUDA (the kernel PyTorch ships for GPUs is bf16-only)."""
+    CPU, bfloat16 on CUDA (the kernel PyTorch ships for GPUs is bf16-only); never on a torch
+    older than the function (the reference path runs there)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
     if device.type == "cpu":
         return dtype in (torch.float32, torch.bfloat16, torch.float16)
     return device.type == "cuda" and dtype == torch.bfloat16
