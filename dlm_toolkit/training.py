@@ -19,6 +19,15 @@ random token different from the original (``corrupt_tokens``: ``answer`` = the t
 alphabet plus EOS, i.e. the confusions a model actually makes -- wrong digits, a wrong comma,
 a premature or missing EOS; ``printable`` = any printable character plus EOS).
 
+Drafting errors (``alternative_rate``): on tasks with several correct answers
+(:meth:`~dlm_toolkit.tasks.base.Task.alternative`) each row also draws another correct answer, and
+each unmasked answer position where the two differ takes the other answer's token with
+probability ``alternative_rate`` (before the random corruption, which then skips it). That is the
+error parallel commits make -- every position plausible alone, the whole a mix of two answers --
+and random tokens almost never produce it. The target stays the row's answer, which (the rate
+being below one half) is what most of the written coupled positions agree with, so the model
+learns to edit the minority of a mix towards the majority.
+
 Input: the BD3-LM formulation. The noisy canvas ``x_t`` and the clean canvas ``x_0`` are fed
 as one sequence ``[x_t ; x_0]`` with the same absolute position ids in both halves, under a
 boolean attention mask (query may attend key):
@@ -121,6 +130,9 @@ class TrainConfig(BaseModel):
     mask_rate: tuple[Rate, Rate] = Field((0.0, 1.0), description="t ~ U(lo, hi) per block")
     corrupt_rate: float = Field(0.1, ge=0.0, le=0.9, description="P(unmasked answer position -> random token)")
     corrupt_tokens: Literal["answer", "printable"] = "answer"
+    alternative_rate: float = Field(0.0, ge=0.0, lt=0.5, description=(
+        "P(unmasked answer position where another correct answer differs -> that answer's token); "
+        "below 0.5 so the written answer stays the majority"))
     clean_weight: float = Field(0.1, ge=0.0, le=10.0, description="loss weight of unchanged answer positions")
     loss_weighting: Literal["uniform", "inverse_t"] = "uniform"
 
@@ -235,6 +247,9 @@ def block_diffusion_attn_mask(noisy: torch.Tensor, block: torch.Tensor, valid: t
     return allowed | (eye & ~valid[:, :, None])
 
 
+Row = tuple[list[int], ...]  # (prompt_ids, answer_ids) or (prompt_ids, answer_ids, alternative_ids | None)
+
+
 class Batch(dict):
     """Tensors of one training batch (a dict with attribute access), all ``(R, T)``:
 
@@ -280,9 +295,10 @@ def random_other_token(original: torch.Tensor, candidates: torch.Tensor, gen: to
     return candidates[j].reshape(original.shape)
 
 
-def make_batch(rows: list[tuple[list[int], list[int]]], answer_length: int, block_length: int, mask_id: int,
+def make_batch(rows: list[Row], answer_length: int, block_length: int, mask_id: int,
                eos_id: int, config: TrainConfig, candidates: torch.Tensor, gen: torch.Generator) -> Batch:
-    """One batch from ``(prompt_ids, answer_ids)`` pairs: canvas, noise, ``[x_t ; x_0]``, mask.
+    """One batch from ``(prompt_ids, answer_ids[, alternative_ids])`` rows: canvas, noise,
+    ``[x_t ; x_0]``, mask (``alternative_ids``: another correct answer of the same length, or None).
 
     Each row keeps the noisy blocks that hold answer positions and the clean blocks before the
     last one, then rows are right-padded to a common length (``valid`` marks real tokens).
@@ -291,7 +307,7 @@ def make_batch(rows: list[tuple[list[int], list[int]]], answer_length: int, bloc
     lo_rate, hi_rate = config.mask_rate
     out: dict[str, list[torch.Tensor]] = {k: [] for k in (
         "input_ids", "position_ids", "targets", "noisy", "block", "answer", "masked", "corrupted", "t", "clean_ids")}
-    for prompt_ids, answer_ids in rows:
+    for prompt_ids, answer_ids, *alt in rows:
         x0, P = canvas_tokens(prompt_ids, answer_ids, answer_length, B, eos_id)
         x0 = torch.tensor(x0, dtype=torch.long)
         L = x0.numel()
@@ -301,11 +317,18 @@ def make_batch(rows: list[tuple[list[int], list[int]]], answer_length: int, bloc
         t = lo_rate + (hi_rate - lo_rate) * torch.rand(L // B, generator=gen)  # per block
         t_pos = t[blk]
         masked = answer & (torch.rand(L, generator=gen) < t_pos)
-        corrupted = answer & ~masked & (torch.rand(L, generator=gen) < config.corrupt_rate)
+        swapped = torch.zeros(L, dtype=torch.bool)
+        if config.alternative_rate > 0 and alt and alt[0] is not None:
+            x_alt = torch.tensor(canvas_tokens(prompt_ids, alt[0], answer_length, B, eos_id)[0], dtype=torch.long)
+            swapped = answer & ~masked & (x_alt != x0) & (torch.rand(L, generator=gen) < config.alternative_rate)
+        randomised = answer & ~masked & ~swapped & (torch.rand(L, generator=gen) < config.corrupt_rate)
+        corrupted = swapped | randomised
         xt = x0.clone()
         xt[masked] = mask_id
-        if corrupted.any():
-            xt[corrupted] = random_other_token(x0[corrupted], candidates, gen)
+        if swapped.any():
+            xt[swapped] = x_alt[swapped]
+        if randomised.any():
+            xt[randomised] = random_other_token(x0[randomised], candidates, gen)
         keep_noisy = blk >= P // B  # blocks holding answer positions
         keep_clean = blk < L // B - 1  # the last clean block is never attended
         n, c = keep_noisy, keep_clean
@@ -414,10 +437,16 @@ def update_router_bias(model: LLaDA2MoeModelLM, trace: dict[str, torch.Tensor], 
 # Training loop
 
 
-def _task_rows(task: Task, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+def _task_rows(task: Task, tokenizer: Any, n: int, seed: int, alternatives: bool = False) -> list[Row]:
     insts = task.instances(n, seed, "train")
     enc = tokenizer.encode
-    return [(enc(i.prompt, add_special_tokens=False), enc(i.reference, add_special_tokens=False)) for i in insts]
+    rng = random.Random(f"alternative|{seed}")
+    rows: list[Row] = []
+    for i in insts:
+        alt = task.alternative(i, rng) if alternatives else None
+        rows.append((enc(i.prompt, add_special_tokens=False), enc(i.reference, add_special_tokens=False),
+                     None if alt is None else enc(alt, add_special_tokens=False)))
+    return rows
 
 
 def _row_tokens(prompt_len: int, answer_length: int, B: int) -> int:
@@ -529,7 +558,8 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
             task, B = tasks[name], rng.choice(config.block_lengths)
             n_rows = max(1, min(config.max_batch_rows,
                                 config.batch_tokens // _row_tokens(longest[name], task.answer_length, B)))
-            rows = _task_rows(task, tokenizer, n_rows, seed=config.seed * 1_000_003 + step)
+            rows = _task_rows(task, tokenizer, n_rows, seed=config.seed * 1_000_003 + step,
+                              alternatives=config.alternative_rate > 0)
             batch = make_batch(rows, task.answer_length, B, mask_id, eos_id, config, cands[name], gen)
             batch = Batch({k: v.to(device) for k, v in batch.items()})  # noise drawn on the CPU: same on any device
 

@@ -381,3 +381,34 @@ def test_new_tasks_have_long_answers_and_chance_zero() -> None:
         task = get_task(name)
         assert 24 <= task.answer_length <= 96
         assert task.chance_score(n=300) == 0.0
+
+
+@pytest.mark.parametrize("name", ["either", "pick", "tiesort"])
+def test_alternative_is_another_correct_answer_of_the_same_length(name) -> None:
+    task = get_task(name)
+    rng = random.Random(0)
+    seen = set()
+    for inst in task.instances(300, 4, "train"):
+        alt = task.alternative(inst, rng)
+        if alt is None:  # tiesort without ties
+            assert name == "tiesort" and len({it[1] for it in inst.reference.split(",")}) == len(inst.reference.split(","))
+            continue
+        assert task.score(inst, alt) == 1.0 and alt != inst.reference and len(alt) == len(inst.reference)
+        seen.add((inst.reference, alt))
+    assert len(seen) > 250
+
+
+def test_pick_alternative_flips_whole_chunks_at_random() -> None:
+    task = get_task("pick")
+    rng = random.Random(1)
+    flipped = []
+    for inst in task.instances(200, 0, "train"):
+        ref, alt = inst.reference.split("."), task.alternative(inst, rng).split(".")
+        flipped += [r != a for r, a in zip(ref, alt)]
+    assert 0.5 < sum(flipped) / len(flipped) < 0.7  # a fair coin per chunk, plus one forced flip
+
+
+@pytest.mark.parametrize("name", ["add", "sort", "sudoku"])
+def test_single_answer_tasks_have_no_alternative(name) -> None:
+    task = get_task(name)
+    assert all(task.alternative(i, random.Random(0)) is None for i in task.instances(5, 0, "train"))

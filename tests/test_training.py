@@ -158,6 +158,49 @@ def test_corruption_rate_and_candidates():
     assert not b0.corrupted.any()
 
 
+def alternative_batch(config: TrainConfig, task_name: str, seed: int, n: int = 8, block_length: int = 8):
+    """A batch whose rows carry another correct answer (as ``train`` builds them), and the rows."""
+    rows = training._task_rows(get_task(task_name), TOK, n, seed, alternatives=True)
+    task = get_task(task_name)
+    cands = corruption_candidates(task, TOK, EOS, config.corrupt_tokens)
+    gen = torch.Generator().manual_seed(seed)
+    return make_batch(rows, task.answer_length, block_length, MASK, EOS, config, cands, gen), rows
+
+
+@pytest.mark.parametrize("task_name", ["either", "pick", "tiesort"])
+def test_drafting_errors_write_the_other_answer_where_it_differs(task_name):
+    config = TrainConfig(**{**TINY, "max_position_embeddings": 256}, tasks={task_name: 1.0}, corrupt_rate=0.2,
+                         alternative_rate=0.3, mask_rate=(0.0, 0.5))
+    swapped = eligible = 0
+    for seed in range(12):
+        b, rows = alternative_batch(config, task_name, seed)
+        for r, (prompt, answer, alt) in enumerate(rows):
+            assert alt is not None and len(alt) == len(answer) and alt != answer
+            noisy_answer = b.noisy[r] & b.answer[r]
+            written, target = b.input_ids[r][noisy_answer], b.targets[r][noisy_answer]
+            other = torch.tensor(alt + [EOS] * (written.numel() - len(alt)))
+            unmasked = ~b.masked[r][noisy_answer]
+            changed = written != target
+            assert torch.equal(changed & unmasked, b.corrupted[r][noisy_answer])  # every change is a corruption
+            differs = unmasked & (other != target)
+            swapped += int((differs & (written == other)).sum())
+            eligible += int(differs.sum())
+    # the other answer's token at ~alternative_rate of the positions where it differs (random
+    # corruption, drawn after, takes none of them: else ~0.3 * 0.8)
+    assert abs(swapped / eligible - 0.3) < 0.035, swapped / eligible
+
+
+def test_no_alternative_rate_leaves_the_batch_as_before():
+    """Rows carrying an alternative change nothing (not even the random draws) at rate 0, and
+    tasks with one answer draw none."""
+    config = TrainConfig(**{**TINY, "max_position_embeddings": 256}, tasks={"either": 1.0}, corrupt_rate=0.2)
+    with_alt, rows = alternative_batch(config, "either", seed=3)
+    plain = make_batch([row[:2] for row in rows], get_task("either").answer_length, 8, MASK, EOS, config,
+                       corruption_candidates(get_task("either"), TOK, EOS, "answer"), torch.Generator().manual_seed(3))
+    assert all(torch.equal(with_alt[k], plain[k]) for k in plain)
+    assert all(alt is None for *_, alt in training._task_rows(get_task("add"), TOK, 5, 0, alternatives=True))
+
+
 def test_canvas_layout_matches_inference():
     x0, P = canvas_tokens([1, 2, 3, 4, 5], [7, 8], answer_length=4, block_length=4, eos_id=0)
     # P + answer_length + 1 = 10 generated-up-to positions -> 3 blocks of 4
@@ -181,6 +224,7 @@ def test_loss_counts_noised_and_weights_unchanged_positions():
 @pytest.mark.parametrize("overrides, field", [
     ({"lr": -1.0}, "lr"),
     ({"corrupt_rate": 1.5}, "corrupt_rate"),
+    ({"alternative_rate": 0.5}, "alternative_rate"),
     ({"block_lengths": [4, 0]}, "block_lengths"),
     ({"mask_rate": [0.8, 0.2]}, "mask_rate"),
     ({"tasks": {"nope": 1.0}}, "tasks"),
@@ -198,11 +242,11 @@ def test_yaml_configs_load_and_differ_only_in_corruption(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "train"
-    for stage in ("", "-stage2", "-stage3", "-v2", "-v2b", "-v2c", "-v2d", "-v2e", "-v2f"):  # the testbeds and their v2 continuations
+    for stage in ("", "-stage2", "-stage3", "-v2", "-v2b", "-v2c", "-v2d", "-v2e", "-v2f", "-v2g"):  # the testbeds and their v2 continuations
         ed = load_train_config(root / f"editable{stage}.yaml")
         mo = load_train_config(root / f"maskonly{stage}.yaml")
-        assert ed.corrupt_rate > 0 and mo.corrupt_rate == 0
-        assert ed.model_copy(update={"corrupt_rate": 0.0, "init_from": mo.init_from}) == mo
+        assert ed.corrupt_rate > 0 and mo.corrupt_rate == 0 and mo.alternative_rate == 0
+        assert ed.model_copy(update={"corrupt_rate": 0.0, "alternative_rate": 0.0, "init_from": mo.init_from}) == mo
         assert ed.llada2_config() == load_train_config(root / "editable.yaml").llada2_config()
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1\n")

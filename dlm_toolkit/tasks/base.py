@@ -144,6 +144,17 @@ class Task(ABC):
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(self.score, instances, completions))
 
+    def alternative(self, instance: Instance, rng: random.Random) -> str | None:
+        """Another correct answer of the same length as the reference, drawn with ``rng``, or
+        ``None`` when the task has only one (the default).
+
+        Training uses it to write plausible drafting errors: a position where the two answers
+        differ holds the other answer's token, as when positions of one choice are committed
+        together from per-position marginals (see ``alternative_rate`` in
+        :class:`~dlm_toolkit.training.TrainConfig`).
+        """
+        return None
+
     # ----------------------------------------------------------------- baselines
     def random_guess(self, instance: Instance, rng: random.Random) -> str:
         """A guess that knows the reference's length and the answer alphabet, nothing else."""

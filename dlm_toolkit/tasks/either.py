@@ -70,6 +70,11 @@ class EitherTask(Task):
         return Instance(prompt=f"either:{options[0]}|{options[1]}=", reference=rng.choice(options),
                         meta={"options": options})
 
+    def alternative(self, instance: Instance, rng: random.Random) -> str | None:
+        """The other string."""
+        a, b = self._options(instance)
+        return b if instance.reference == a else a
+
     def _options(self, instance: Instance) -> list[str]:
         return instance.prompt.removeprefix("either:").rstrip("=").split("|")
 

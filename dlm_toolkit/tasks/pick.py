@@ -65,6 +65,15 @@ class PickTask(Task):
     def _options(self, instance: Instance) -> list[str]:
         return instance.prompt.removeprefix("pick:").rstrip("=").split("|")
 
+    def alternative(self, instance: Instance, rng: random.Random) -> str | None:
+        """Each chunk from a fair coin, at least one chunk taken from the other string."""
+        a, b = (s.split(".") for s in self._options(instance))
+        ref = instance.reference.split(".")
+        other = [y if r == x else x for r, x, y in zip(ref, a, b)]
+        flip = [rng.random() < 0.5 for _ in ref]
+        flip[rng.randrange(len(ref))] = True
+        return ".".join(o if f else r for r, o, f in zip(ref, other, flip))
+
     def canonical_key(self, instance: Instance) -> str:
         return "|".join(sorted(self._options(instance)))
 

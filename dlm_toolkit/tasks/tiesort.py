@@ -49,6 +49,16 @@ class TieSortTask(Task):
         answer = sorted(items, key=lambda it: (it[1], rng.random()))  # ties in a random order
         return Instance(prompt="tiesort:" + ",".join(items) + "=", reference=",".join(answer), meta={"items": items})
 
+    def alternative(self, instance: Instance, rng: random.Random) -> str | None:
+        """Every tie group of the reference shuffled (``None`` when no two items tie)."""
+        ref = instance.reference.split(",")
+        if len({it[1] for it in ref}) == len(ref):
+            return None
+        while True:
+            alt = sorted(ref, key=lambda it: (it[1], rng.random()))
+            if alt != ref:
+                return ",".join(alt)
+
     def canonical_key(self, instance: Instance) -> str:
         return ",".join(sorted(instance.prompt.removeprefix("tiesort:").rstrip("=").split(",")))
 
