@@ -242,7 +242,7 @@ def test_yaml_configs_load_and_differ_only_in_corruption(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "train"
-    for stage in ("", "-stage2", "-stage3", "-v2", "-v2b", "-v2c", "-v2d", "-v2e", "-v2f", "-v2g", "-v2h"):  # the testbeds and their v2 continuations
+    for stage in ("", "-stage2", "-stage3", "-v2", "-v2b", "-v2c", "-v2d", "-v2e", "-v2f", "-v2g", "-v2h", "-v2i"):  # the testbeds and their v2 continuations
         ed = load_train_config(root / f"editable{stage}.yaml")
         mo = load_train_config(root / f"maskonly{stage}.yaml")
         assert ed.corrupt_rate > 0 and mo.corrupt_rate == 0 and mo.alternative_rate == 0
