@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from datetime import timedelta
 
 import torch
 
@@ -87,11 +88,23 @@ def init_from_env(device: str | torch.device | None = None) -> tuple[TensorParal
     return TensorParallel(rank, world), dev
 
 
+SHUTDOWN_WAIT_S = 30.0
+
+
 def _shutdown() -> None:
+    """Leave together, then destroy the process group. A rank that closes its connections while a
+    peer is still finishing can get the peer aborted by gloo's threads ("terminate called without
+    an active exception", seen once under load); a peer that never arrives (it crashed) delays
+    this rank's exit by at most ``SHUTDOWN_WAIT_S``."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier(async_op=True).wait(timeout=timedelta(seconds=SHUTDOWN_WAIT_S))
+    except Exception:  # noqa: BLE001 - a peer is gone or late: nothing left to wait for
+        pass
+    dist.destroy_process_group()
 
 
 def is_main_process() -> bool:
