@@ -47,7 +47,8 @@ their count, plus ``clean_weight`` times the mean cross-entropy at unchanged ans
 That last term matters for T2T editing: the S preset edits wherever the argmax differs from
 the written token (editing threshold 0.0), so the model must also learn to reproduce correct
 tokens -- without it their argmax is untrained. The mask-only ablation keeps the same term
-(only ``corrupt_rate`` differs), so the comparison isolates the corruption noise.
+(only ``corrupt_rate`` and ``alternative_rate`` differ), so the comparison isolates the
+corruption noise.
 
 MoE routing uses the LLaDA2 / DeepSeek-V3 auxiliary-loss-free balancing: after every step each
 router's ``expert_bias`` moves by ``router_bias_rate`` towards equal expert load.
