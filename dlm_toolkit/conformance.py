@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.decode import decode
+from dlm_toolkit.models.base import model_device
 from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.state import DecodeResult
 
@@ -164,7 +165,7 @@ def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, Fals
 
 def check_logits(model: Any, folder: Path, fixture: dict[str, Any]) -> Iterator[Check]:
     tensors = load_file(str(folder / fixture["file"]))
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids, pos = tensors["input_ids"].to(device), tensors["position_ids"].to(device)
     n, length = ids.shape
     block = fixture["block_length"]
