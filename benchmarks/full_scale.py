@@ -67,6 +67,11 @@ def config(shape: str, layers: int | None = None) -> LLaDA2Config:
     return LLaDA2Config(**dict(SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})))
 
 
+def preset_policy(preset: str, block: int) -> DecodingPolicy:
+    """Preset ``Q`` or ``S`` at block length ``block``."""
+    return DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+
+
 def prompts(cfg: LLaDA2Config, batch: int) -> list[list[int]]:
     """Fixed pseudo-random prompts (seeded), ids below the special tokens."""
     gen = torch.Generator().manual_seed(1234)
@@ -156,7 +161,7 @@ def run(model: LLaDA2MoeModelLM, shape: str, device: torch.device, batches: list
     timed = TimedModel(model, device)
     records = []
     for preset in presets:
-        policy = DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+        policy = preset_policy(preset, block)
         for batch in batches:
             batch_prompts = prompts(cfg, batch)
             decode(timed, batch_prompts, policy, block)  # warm-up (kernels, allocator)
@@ -194,13 +199,13 @@ def roundtrip(model: LLaDA2MoeModelLM, folder: str, device: torch.device, batch:
     batch_prompts = prompts(model.config, batch)
     identical = {}
     for preset in presets:
-        policy = DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+        policy = preset_policy(preset, block)
         a, b = (decode(m, batch_prompts, policy, gen_length) for m in (model, loaded))
         identical[preset] = [r.tokens for r in a.rows] == [r.tokens for r in b.rows]
     params = sum(t.numel() for t in model.state_dict().values())
+    files = list(Path(folder).glob("*.safetensors"))
     return {"roundtrip": folder, "layers": model.config.num_hidden_layers, "parameters": params,
-            "bytes": sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")),
-            "files": len(list(Path(folder).glob("*.safetensors"))), "save_s": t1 - t0, "load_s": t2 - t1,
+            "bytes": sum(f.stat().st_size for f in files), "files": len(files), "save_s": t1 - t0, "load_s": t2 - t1,
             "tokens_identical": identical, "device": device_name(device)}
 
 
@@ -208,7 +213,7 @@ def profile(model: LLaDA2MoeModelLM, device: torch.device, batch: int, preset: s
     """torch.profiler table (top 25 by device time, or CPU time on a CPU) of one 64-token decode."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    policy = DecodingPolicy(PRESETS[preset], **{"blocks.params.block_length": block})
+    policy = preset_policy(preset, block)
     batch_prompts = prompts(model.config, batch)
     decode(model, batch_prompts, policy, block)  # warm-up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
