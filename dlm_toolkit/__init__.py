@@ -6,7 +6,8 @@ Authoring API (see README "Write a strategy"): the registries ``M2T``, ``T2T``, 
 :class:`DecodingPolicy`.
 """
 
-from dlm_toolkit.config import ConfigError, PolicyConfig, SamplingConfig, StrategyConfig, load_policy
+from dlm_toolkit.config import ConfigError, SamplingConfig, StrategyConfig
+from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T, PluginError
 from dlm_toolkit.state import DecodeResult, DecodeState, RowResult
 from dlm_toolkit.strategy import (

@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from dlm_toolkit.config import ConfigError, PolicyConfig
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.policy import DecodingPolicy, StepChecks, StrategyError
 from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, validate_prompts

@@ -10,7 +10,8 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from dlm_toolkit.config import ConfigError, PolicyConfig
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.decode import check_context, decode
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.models.llada2 import TensorParallel

@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 import torch
 
-from dlm_toolkit.config import PolicyConfig, RoleSpec, SamplingConfig, load_policy
+from dlm_toolkit.config import RoleSpec, SamplingConfig
+from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
 from dlm_toolkit.strategy import (

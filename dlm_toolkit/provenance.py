@@ -73,7 +73,7 @@ def _plugin(role: str, name: str) -> dict[str, Any]:
 
 
 def collect(policy: Any, model: Any = None) -> dict[str, Any]:
-    """The provenance of a result of ``policy`` (a :class:`~dlm_toolkit.config.PolicyConfig` or
+    """The provenance of a result of ``policy`` (a :class:`~dlm_toolkit.policy_config.PolicyConfig` or
     :class:`~dlm_toolkit.policy.DecodingPolicy`) computed with ``model`` (device and dtype)."""
     import torch
     import transformers

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from dlm_toolkit.config import ConfigError
 
-if TYPE_CHECKING:
-    from dlm_toolkit.strategy import BlockSchedule
+
+
+class Layout(Protocol):
+    """What :meth:`DecodeState.start` needs of a block schedule (any
+    :class:`~dlm_toolkit.strategy.BlockSchedule` is one; this module never imports the strategy API,
+    which is built on it)."""
+
+    @property
+    def block_length(self) -> int: ...
+
+    def layout(self, prompt_len: torch.Tensor, gen_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass
@@ -56,7 +65,7 @@ class DecodeState:
         cls,
         prompts: Sequence[Sequence[int]],
         gen_length: int,
-        schedule: BlockSchedule,
+        schedule: Layout,
         mask_token_id: int,
         eos_token_id: int,
         vocab_size: int,

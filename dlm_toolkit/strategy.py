@@ -15,14 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
 from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
-
-if TYPE_CHECKING:
-    from dlm_toolkit.state import DecodeState
+from dlm_toolkit.state import DecodeState
 
 
 @dataclass(frozen=True)

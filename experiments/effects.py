@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from dlm_toolkit.config import load_policy
+from dlm_toolkit.policy_config import load_policy
 from dlm_toolkit.evaluate import evaluate, load_checkpoint
 from dlm_toolkit.stats import compare_outcomes
 

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from dlm_toolkit import ConfigError, DecodingPolicy, PolicyConfig, load_policy
-from dlm_toolkit.config import apply_overrides, flatten, unflatten
+from dlm_toolkit.config import flatten, unflatten
+from dlm_toolkit.policy_config import apply_overrides
 from dlm_toolkit.presets import list_presets
 
 

@@ -154,10 +154,11 @@ def test_every_command_refuses_a_broken_input(command, tmp_path, capsys):
 
 def test_a_real_bug_keeps_its_traceback(monkeypatch):
     import dlm_toolkit.cli as cli
+    import dlm_toolkit.commands.decode as decode_command
 
     def boom(args):
         raise KeyError("a bug, not bad input")
 
-    monkeypatch.setattr(cli, "cmd_decode", boom)
+    monkeypatch.setattr(decode_command, "cmd_decode", boom)
     with pytest.raises(KeyError):
         cli.main(["decode", "--checkpoint", ".", "--prompt-ids", "1", "--gen-length", "1"])

@@ -15,7 +15,8 @@ import pytest
 from optuna.trial import TrialState
 
 from dlm_toolkit.cli import main
-from dlm_toolkit.config import ConfigError, load_policy
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.policy_config import load_policy
 from dlm_toolkit.sweep.attrs import read_settings
 from dlm_toolkit.sweep.experiment import load_experiment
 from dlm_toolkit.sweep.pareto import (

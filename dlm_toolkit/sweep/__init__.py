@@ -5,7 +5,7 @@
 * :func:`summarize` — the Pareto front of a study (:mod:`dlm_toolkit.sweep.pareto`);
 * :func:`log_eval_run` — log one :func:`~dlm_toolkit.evaluate.evaluate` result to MLflow.
 
-The ``dlm sweep / pareto / replay / eval`` commands live in :mod:`dlm_toolkit.sweep.cli`.
+The ``dlm sweep / pareto / replay`` commands live in :mod:`dlm_toolkit.commands.sweep`.
 Names are imported lazily so that ``import dlm_toolkit.sweep`` stays cheap.
 """
 

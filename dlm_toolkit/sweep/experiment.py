@@ -59,13 +59,12 @@ import annotated_types as at
 from dlm_toolkit.config import (
     ROLES,
     ConfigError,
-    PolicyConfig,
     SamplingConfig,
     describe_range,
-    load_policy,
     read_mapping_file,
     validate_model,
 )
+from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import allow_imports, imports_allowed
 
 METRICS = (

@@ -34,7 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-from dlm_toolkit.config import ConfigError, PolicyConfig
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.policy_config import PolicyConfig
 
 T = TypeVar("T")
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dlm_toolkit import provenance
-from dlm_toolkit.config import ConfigError, load_policy
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.policy_config import load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
 from dlm_toolkit.sweep.pareto import encode_outcomes

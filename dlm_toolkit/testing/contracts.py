@@ -38,7 +38,8 @@ import annotated_types as at
 import pytest
 import torch
 
-from dlm_toolkit.config import ConfigError, PolicyConfig, RoleSpec, StrategyConfig
+from dlm_toolkit.config import ConfigError, RoleSpec, StrategyConfig
+from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.decode import decode
 from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.registry import REGISTRIES

@@ -1,4 +1,4 @@
-"""``dlm sweep``, ``dlm pareto``, ``dlm replay`` and ``dlm eval``: :func:`register` adds them.
+"""``dlm sweep``, ``dlm pareto`` and ``dlm replay``: :func:`register` adds them.
 
 Heavy imports (torch, Optuna, MLflow) happen inside the commands so ``dlm --help`` stays fast.
 Bad input raises :class:`~dlm_toolkit.config.ConfigError` (exit 2, one line, no traceback).
@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
+from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings
 from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI
@@ -22,9 +22,7 @@ TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 
 
 def register(sub: Any) -> None:
-    """Add the sweep/eval subcommands to ``dlm``'s subparsers."""
-    from dlm_toolkit.cli import add_import_arg, add_policy_args, add_runtime_args
-    from dlm_toolkit.tasks import TASKS
+    """Add the sweep, pareto and replay subcommands to ``dlm``'s subparsers."""
 
     p = sub.add_parser("sweep", help="Optuna search of decoding policies (speed-quality Pareto front)",
                        description="Run (or resume) an Optuna study over the search space of an experiment "
@@ -76,29 +74,9 @@ def register(sub: Any) -> None:
     add_runtime_args(p)
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("eval", help="evaluate one policy on a task",
-                       description="Decode N eval instances of a task with a policy and report quality and "
-                       "speed (TPF counts generated tokens up to and including the first EOS, per forward).")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder with tokenizer files")
-    p.add_argument("--task", required=True, help=", ".join(sorted(TASKS)))
-    add_policy_args(p)
-    p.add_argument("--n", type=int, required=True, help="number of eval instances")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
-    p.add_argument("--unsafe-exec", action="store_true",
-                   help="humaneval: where the bubblewrap sandbox is unavailable, run generated code with "
-                        "process-level limits only (default: refuse)")
-    p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
-    add_runtime_args(p)
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_eval)
-
 
 # -- sweep -------------------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from dlm_toolkit.cli import parse_sets
     from dlm_toolkit.sweep.experiment import load_experiment
     from dlm_toolkit.sweep.pareto import format_table
     from dlm_toolkit.sweep.study import run_sweep
@@ -187,8 +165,6 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
 
 # -- replay ------------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
-    from dlm_toolkit.cli import load_for_args
-
     out = replay(args.storage, args.study_name, args.trial, load=lambda path: load_for_args(args, path),
                  threads=args.threads)
     for warning in out["warnings"]:
@@ -212,7 +188,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
     ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
     ``threads``: as :func:`~dlm_toolkit.evaluate.evaluate`'s."""
-    from dlm_toolkit.config import load_policy
+    from dlm_toolkit.policy_config import load_policy
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
@@ -249,61 +225,3 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
             "task": settings["task"], "n": settings["n"], "seed": settings["seed"], "checkpoint": settings["model"],
             "metrics": metrics, "stored": stored, "mismatches": mismatches, "match": not mismatches,
             "compared": [k for k in DETERMINISTIC_METRICS if k in stored], "warnings": warnings}
-
-
-# -- eval --------------------------------------------------------------------------------------
-def cmd_eval(args: argparse.Namespace) -> int:
-    from dlm_toolkit.cli import policy_from_args
-    from dlm_toolkit.evaluate import check_n
-    from dlm_toolkit.tasks import get_task
-
-    if args.n <= 0:
-        raise ConfigError(f"--n: must be >= 1 (got {args.n})")
-    if args.batch_size <= 0:
-        raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
-    task = get_task(args.task, **({"unsafe_exec": True} if args.unsafe_exec and args.task == "humaneval" else {}))
-    check_n(task, args.n)  # before the model loads
-    policy = policy_from_args(args)
-    if not Path(args.checkpoint).is_dir():
-        raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
-    if args.tracking_uri:
-        from dlm_toolkit.sweep.tracking import check_sqlite_folder
-
-        check_sqlite_folder(args.tracking_uri, "--tracking-uri")
-
-    from dlm_toolkit.cli import load_for_args
-    from dlm_toolkit.evaluate import evaluate
-
-    from dlm_toolkit.provenance import collect
-
-    model, tokenizer = load_for_args(args, args.checkpoint)
-    prov = collect(policy, model)
-    result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
-                      progress=not args.no_progress, threads=args.threads)
-    run_id = None
-    from dlm_toolkit.distributed import is_main_process
-
-    if args.tracking_uri and is_main_process():  # under torchrun every rank has the same result
-        from dlm_toolkit.sweep.tracking import log_eval_run
-
-        run_id = log_eval_run(result, policy, task.name, args.checkpoint, args.tracking_uri,
-                              args.experiment_name, seed=args.seed, n=args.n, provenance=prov)
-    m = result.metrics
-    if args.json:
-        print(json.dumps({**m, "accuracy_interval": list(result.accuracy_interval), "task": task.name,
-                          "metric_name": task.metric_name, "seed": args.seed,
-                          "batch_size": args.batch_size, "checkpoint": str(args.checkpoint),
-                          "policy_hash": policy.config_hash(), "policy": policy.model_dump(mode="json"),
-                          "mlflow_run_id": run_id, "provenance": prov, "instances": result.outcomes()}))
-    else:
-        lo, hi = result.accuracy_interval
-        print(f"accuracy          {m['accuracy']:.4f}  [{lo:.4f}, {hi:.4f}] 95 % Wilson ({task.metric_name} on "
-              f"{m['n']} {task.name} eval instances, seed {args.seed})")
-        print(f"tpf               {m['tpf']:.3f}  (generated tokens up to and including the first EOS, per forward)")
-        print(f"nfe_mean          {m['nfe_mean']:.2f}")
-        print(f"tokens_per_second {m['tokens_per_second']:.1f}")
-        print(f"edits_per_token   {m['edits_per_token']:.4f}")
-        print(f"policy            {policy.config_hash()}")
-        if run_id:
-            print(f"MLflow run {run_id} in {args.tracking_uri}")
-    return 0

@@ -11,13 +11,13 @@ import argparse
 import json
 from pathlib import Path
 
+from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets
 from dlm_toolkit.config import ConfigError
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from dlm_toolkit.cli import load_for_args, parse_sets
     from dlm_toolkit.evaluate import check_n, evaluate
-    from dlm_toolkit.config import load_policy
+    from dlm_toolkit.policy_config import load_policy
     from dlm_toolkit.stats import compare_outcomes
     from dlm_toolkit.tasks import get_task
 
@@ -59,7 +59,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand."""
-    from dlm_toolkit.cli import add_import_arg, add_runtime_args
     from dlm_toolkit.tasks import TASKS
 
     p = sub.add_parser("compare", help="two policies on the same instances: paired differences with intervals",

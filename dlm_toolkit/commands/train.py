@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from dlm_toolkit.commands.common import parse_sets
+
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dlm_toolkit.cli import parse_sets
     from dlm_toolkit.runtime import resolve_threads
     from dlm_toolkit.training import load_train_config, train
 

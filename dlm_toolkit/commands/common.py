@@ -1,0 +1,69 @@
+"""What every ``dlm`` subcommand shares: how a policy, the runtime options and a checkpoint are
+taken from the command line. Subcommand modules import this one, never :mod:`dlm_toolkit.cli`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from dlm_toolkit.config import ConfigError, parse_value
+from dlm_toolkit.policy_config import PolicyConfig, load_policy
+
+
+def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` → ``{"a.b": 1, "c": "x"}`` (values parsed as JSON where possible)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. m2t.params.threshold=0.8")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--preset", help="named policy (see `dlm strategies presets`); default llada2.1-q")
+    g.add_argument("--policy", help="policy file (.json or .yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="flat-key override, repeatable")
+    add_import_arg(p)
+
+
+def add_import_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-import", action="store_true",
+                   help="let policies name strategy classes as package.module:Class (imports that module)")
+
+
+def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
+    return load_policy(args.policy or args.preset, parse_sets(args.set))
+
+
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype``, ``--threads``: the same three options on every command that runs a model."""
+    g = p.add_argument_group("where and how to run")
+    g.add_argument("--device", help="cpu (default), cuda or cuda:N")
+    g.add_argument("--dtype", help="weight dtype: float32 (CPU default), bfloat16 (GPU default) or float16")
+    g.add_argument("--threads", type=int, help="intra-op CPU threads (default: 1 for small models, torch's default otherwise)")
+
+
+def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = True, **ids: int | None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of checkpoint ``path`` on ``--device`` in ``--dtype``, with ``--threads``
+    applied; ``ids``: ``mask_token_id``/``eos_token_id`` overrides. Under ``torchrun`` each rank
+    loads its shard of the model and only rank 0 prints (see :mod:`dlm_toolkit.distributed`)."""
+    from dlm_toolkit.distributed import init_from_env
+    from dlm_toolkit.evaluate import load_checkpoint
+    from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
+
+    resolve_threads(args.threads, small_model=True)  # a bad value fails before the model loads
+    tp, device = init_from_env(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    model, tokenizer = load_checkpoint(path, need_tokenizer, device=device, dtype=dtype, tp=tp, **ids)
+    apply_threads(resolve_threads(args.threads, small_model=is_small(model)))
+    return model, tokenizer
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise ConfigError(f"--prompt-ids: expected comma-separated integers, got {text!r}") from None

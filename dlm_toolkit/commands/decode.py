@@ -1,0 +1,59 @@
+"""``dlm decode``: one prompt, one policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, parse_ids, policy_from_args
+from dlm_toolkit.config import ConfigError
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from dlm_toolkit.decode import decode
+
+    policy = policy_from_args(args)
+    model, tokenizer = load_for_args(args, args.checkpoint, need_tokenizer=False,
+                                     mask_token_id=args.mask_id, eos_token_id=args.eos_id)
+    if args.prompt_ids is not None:
+        prompt = parse_ids(args.prompt_ids)
+    else:
+        if tokenizer is None:
+            raise ConfigError(f"{args.checkpoint} has no tokenizer files: use --prompt-ids instead of --prompt")
+        prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
+    result = decode(model, [prompt], policy, args.gen_length, kv_cache=not args.no_kv_cache, seed=args.seed,
+                    allow_past_context=args.allow_past_context)
+    row = result.rows[0]
+    text = tokenizer.decode(row.tokens, skip_special_tokens=True) if tokenizer is not None else None
+    if args.json:
+        out = {**result.row_dict(0), "text": text, "wall_time_s": result.wall_time,
+               "tokens_per_second": result.tokens_per_second, "policy": policy.model_dump(mode="json"),
+               "policy_hash": policy.config_hash()}
+        print(json.dumps(out))
+    else:
+        print("tokens:", " ".join(map(str, row.tokens)))
+        if text is not None:
+            print("text:  ", text)
+        print(f"nfe {row.nfe}  tpf {row.tpf:.2f} (tokens up to and including the first EOS per forward)  "
+              f"edits {row.edits}  {result.tokens_per_second:.1f} tokens/s")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``decode`` subcommand."""
+    p = sub.add_parser("decode", help="decode one prompt with a policy", description="Decode one prompt.")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + safetensors)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    src.add_argument("--prompt", help="prompt text (needs tokenizer files in the checkpoint)")
+    p.add_argument("--gen-length", type=int, required=True)
+    add_policy_args(p)
+    p.add_argument("--mask-id", type=int, help="mask token id (default: from config.json or the tokenizer)")
+    p.add_argument("--eos-id", type=int, help="EOS token id (default: from config.json or the tokenizer)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-kv-cache", action="store_true", help="recompute the prefix every forward")
+    p.add_argument("--allow-past-context", action="store_true",
+                   help="decode even past the model's max_position_embeddings (positions it never saw)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_runtime_args(p)
+    p.set_defaults(func=cmd_decode)
