@@ -24,9 +24,10 @@ import os
 import re
 import stat
 import uuid
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 MAX_JSON_DEPTH = 64  # no config, index, policy or stored setting of ours nests past ~6
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -222,6 +223,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> No
     """Write ``path`` through ``write(temporary_path)`` and rename it into place (see the module doc)."""
     path = Path(path)
     atomic_write_many(path.parent, {path.name: write})
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """``with replacing(path) as tmp: <write tmp>`` -- :func:`atomic_write` for code that writes
+    through an open file (close it inside the block)."""
+    path = Path(path)
+    _remove_stale(path)
+    tmp = _temp_name(path)
+    try:
+        yield tmp
+        fsync_file(tmp)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(err):
+            raise no_space(path, path.exists()) from None
+        raise
+    os.replace(tmp, path)
+    fsync_folder(path.parent)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

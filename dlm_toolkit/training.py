@@ -308,7 +308,7 @@ def _run_exists(mlflow: Any, run_id: str) -> bool:
     return True
 
 
-OUTPUT_FILES = (SINGLE, INDEX, "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+OUTPUT_FILES = ("config.json", SINGLE, INDEX, "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "training.json", "loss_curve.png")
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from dlm_toolkit.files import atomic_write, replacing, write_text
+
 HV_REFERENCE = (0.0, 0.0)
 """Reference point (accuracy, TPF) of :func:`hypervolume_2d`."""
 
@@ -313,7 +315,7 @@ def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
     param_keys = sorted({k for p in summary.points for k in p.params})
     head = ["trial", "preset", "on_front", *metric_keys, *[f"dominates_{n}" for n in summary.presets],
             *[f"tied_accuracy {n}" for n in summary.presets], *[f"param {k}" for k in param_keys], "policy_hash"]
-    with path.open("w", newline="") as f:
+    with replacing(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
         for p in sorted(summary.points, key=lambda p: p.trial):
@@ -327,7 +329,7 @@ def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
 
 def write_json(summary: ParetoSummary, path: str | Path) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(summary.to_json(), indent=1, default=str) + "\n")
+    write_text(path, json.dumps(summary.to_json(), indent=1, default=str) + "\n")
     return path
 
 
@@ -341,8 +343,10 @@ def plot(summary: ParetoSummary, path: str | Path) -> Path:
 
     path = Path(path)
     fig = figure(summary)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 
