@@ -121,10 +121,19 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
     return EvalResult(metrics_from(totals, len(records)), records)
 
 
+MAX_GENERATED_N = 100_000  # instances of a generated task one evaluation may decode
+
+
 def check_n(task: Task, n: int) -> None:
-    """Refuse ``n`` beyond the task's eval split (HumanEval has 164 problems, no more)."""
+    """Refuse ``n`` beyond the task's eval split (HumanEval has 164 problems, no more), or, for a
+    generated task (no fixed split), beyond :data:`MAX_GENERATED_N`."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n: must be an integer >= 1, got {n!r}")
     if task.eval_size is not None and n > task.eval_size:
         raise ConfigError(f"n: {n} is more than the {task.eval_size} eval instances task '{task.name}' has")
+    if task.eval_size is None and n > MAX_GENERATED_N:
+        raise ConfigError(f"n: {n} is more than {MAX_GENERATED_N}, the most instances of generated task "
+                          f"'{task.name}' one evaluation decodes")
 
 
 def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, parse_ids, policy_from_args
+from dlm_toolkit.commands.common import prompt_text
 from dlm_toolkit.config import ConfigError
 
 
@@ -13,6 +14,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from dlm_toolkit.decode import decode
 
     policy = policy_from_args(args)
+    if args.prompt is not None:
+        prompt_text(args.prompt)  # before the model loads
     model, tokenizer = load_for_args(args, args.checkpoint, need_tokenizer=False,
                                      mask_token_id=args.mask_id, eos_token_id=args.eos_id)
     if args.prompt_ids is not None:

@@ -222,7 +222,7 @@ def summarize(study: Any) -> ParetoSummary:
     """The summary of an Optuna study created by ``dlm sweep`` (objectives from its settings)."""
     from optuna.trial import TrialState
 
-    from dlm_toolkit.sweep.attrs import read_settings
+    from dlm_toolkit.sweep.attrs import read_settings, trial_metrics, trial_outcomes, trial_text
 
     settings = read_settings(study) or {}
     objectives = settings.get("objectives") or {f"objective_{i}": d.name.lower() for i, d in enumerate(study.directions)}
@@ -236,11 +236,11 @@ def summarize(study: Any) -> ParetoSummary:
         if t.user_attrs.get("duplicate_of") is not None:  # its original already stands for the policy
             counts["duplicates"] = counts.get("duplicates", 0) + 1
             continue
-        metrics = dict(t.user_attrs.get("metrics") or {})
+        metrics = trial_metrics(t)
         for name, value in zip(objectives, t.values or []):
             metrics.setdefault(name, value)
-        points.append(TrialPoint(t.number, metrics, dict(t.params), t.user_attrs.get("preset"),
-                                 t.user_attrs.get("policy_hash"), t.user_attrs.get("outcomes")))
+        points.append(TrialPoint(t.number, metrics, dict(t.params), trial_text(t, "preset"),
+                                 trial_text(t, "policy_hash"), trial_outcomes(t)))
     return summarize_points(study.study_name, objectives, points, counts,
                             preset_names=[preset_label(p) for p in settings.get("presets_to_enqueue") or []])
 

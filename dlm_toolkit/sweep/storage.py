@@ -71,12 +71,19 @@ def load_study(storage: str | Any, study_name: str) -> Any:
         if db is not None and not db.exists():
             raise ConfigError(f"storage {storage!r}: database file {db} does not exist")
     store = open_storage(storage, heartbeat_interval=None) if isinstance(storage, str) else storage
+    where = hide_password(str(getattr(store, "url", storage)))
     try:
-        return optuna.load_study(study_name=study_name, storage=store)
+        study = optuna.load_study(study_name=study_name, storage=store)
+        # Optuna decodes every attribute from JSON as it reads it: read them all now, so an attribute
+        # nested 100,000 deep in a tampered store fails here with one line, not anywhere later.
+        _ = study.user_attrs, study.get_trials(deepcopy=False)
     except KeyError:
         names = optuna.get_all_study_names(store)
-        raise ConfigError(f"no study named {study_name!r} in {hide_password(str(getattr(store, 'url', storage)))}"
-                          f" (studies: {', '.join(names) or 'none'})") from None
+        raise ConfigError(f"no study named {study_name!r} in {where} (studies: {', '.join(names) or 'none'})") from None
+    except RecursionError:
+        raise ConfigError(f"study {study_name!r} in {where}: an attribute holds JSON nested too deeply to read "
+                          "(the store was not written by dlm sweep)") from None
+    return study
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:

@@ -175,9 +175,11 @@ def run_sweep(
         raise ConfigError(f"workers: must be an integer >= 1 (got {workers!r})")
     if isinstance(reconnect_s, bool) or not isinstance(reconnect_s, (int, float)) or not 0 <= reconnect_s <= 86400:
         raise ConfigError(f"reconnect_s: must be a number of seconds in [0, 86400] (got {reconnect_s!r})")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
-    threads = threads or exp.threads
+    threads = exp.threads if threads is None else threads
+    if threads is not None:
+        from dlm_toolkit.runtime import resolve_threads
+
+        resolve_threads(threads, small_model=True)  # an integer from 1 to the CPU count
     if exp.allow_import:  # the experiment opted in to package.module:Class names
         set_allow_imports(True)
 
