@@ -170,11 +170,11 @@ _READ_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.js
 
 
 def _from_folder(path: Path) -> PreTrainedTokenizerFast:
-    from dlm_toolkit.models.validate import CheckpointError, inside
+    from dlm_toolkit.models.validate import MAX_JSON_BYTES, CheckpointError, inside, regular
 
     for name in _READ_FILES:
-        if (path / name).exists():
-            inside(path, name, "tokenizer file")
+        if (path / name).exists():  # inside the folder, and a regular file of bounded size (a FIFO never hangs)
+            regular(inside(path, name, "tokenizer file"), MAX_JSON_BYTES["tokenizer"], "a tokenizer file")
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # tokenizers/transformers raise plain Exception, ValueError, OSError...
@@ -188,7 +188,7 @@ def find_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast | None:
     remote code is ever run.
     """
     path = Path(directory)
-    if not (path / "tokenizer.json").is_file():
+    if not (path / "tokenizer.json").exists():
         return None
     return _from_folder(path)
 

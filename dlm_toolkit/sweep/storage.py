@@ -10,6 +10,7 @@ import json
 import time
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from dlm_toolkit.config import ConfigError
@@ -57,6 +58,38 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
                           "e.g. pip install 'psycopg[binary]' for postgresql://") from None
     except Exception as err:
         raise ConfigError(f"storage {hide_password(url)!r}: cannot open: {first_line(err)}") from None
+
+
+def new_sqlite_files(*urls: str) -> list[Path]:
+    """The SQLite database files ``urls`` name that do not exist yet (a command may create them)."""
+    from dlm_toolkit.sweep.tracking import sqlite_file
+
+    files = [sqlite_file(url) for url in urls]
+    return [f for f in files if f is not None and not f.exists()]
+
+
+def remove_unused(files: list[Path]) -> None:
+    """Remove SQLite stores a failed command created and left without a trial or a run (with their
+    journals), so a refused command leaves no empty store behind. A store that holds any trial or
+    run, or that cannot be read as one, is kept."""
+    import sqlite3
+
+    for db in files:
+        if not db.is_file():
+            continue
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                used = any(con.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in ("trials", "runs")
+                           if t in tables)
+            finally:
+                con.close()
+        except sqlite3.Error:
+            continue
+        if not used:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                (db.parent / f"{db.name}{suffix}").unlink(missing_ok=True)
 
 
 def load_study(storage: str | Any, study_name: str) -> Any:

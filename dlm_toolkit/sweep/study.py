@@ -52,6 +52,7 @@ from dlm_toolkit.registry import set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment, load_experiment
 from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
+from dlm_toolkit.sweep.storage import new_sqlite_files, remove_unused
 from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
                                        StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
 from dlm_toolkit.sweep.tracking import Tracker, TrackingLost, check_sqlite_folder, hide_password
@@ -191,6 +192,7 @@ def run_sweep(
     # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
     spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
                for _ in range(1, workers)]
+    created = new_sqlite_files(storage, tracking_uri)
     try:
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
                                                            grace_period, placement[0], dtype)
@@ -199,6 +201,7 @@ def run_sweep(
         parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
     except BaseException:
         dismiss(spawned)
+        remove_unused(created)  # a refused sweep leaves no empty store behind
         raise
     bar = SweepProgress(study, n_trials, enabled=progress,  # parent charts: one point per finished trial
                         on_summary=lambda summary: tracker.log_front_metrics(parent, summary))
