@@ -269,3 +269,22 @@ def test_reads_refuse_special_and_oversized_files(tmp_path):
     with pytest.raises(InputFileError, match="101 bytes; file is limited to 100 bytes"):
         read_regular(tmp_path / "big", 100)
     assert read_regular(tmp_path / "big", 101) == b"x" * 101
+
+
+def test_the_final_checkpoint_is_replaced_all_at_once(tmp_path, monkeypatch):
+    """The disk fills at the last file of the final save (the loss plot): nothing of the previous
+    checkpoint may have been replaced yet -- no new weights beside an old training.json."""
+    from dlm_toolkit import training
+    from dlm_toolkit.training import load_train_config, train
+
+    out = tmp_path / "out"
+    shutil.copytree(TESTBED, out)
+    before = snapshot(out)
+
+    def full(history, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(training, "plot_loss", full)
+    with pytest.raises(NoSpaceError, match="the previous model.safetensors is unchanged"):
+        train(load_train_config(config_file(tmp_path, checkpoint_interval=0)), out, progress=False, overwrite=True)
+    assert snapshot(out) == before and not [p for p in out.iterdir() if p.name.startswith(".")]
