@@ -232,6 +232,8 @@ def f(x):
         b'\\xff'.decode('utf-8')
     if x == 'exit':
         raise SystemExit(0)
+    if x == 'generator':
+        return (c for c in x)
     return x
 """
 
@@ -243,6 +245,7 @@ def f(x):
     ("try:\n    f('value')\nexcept TypeError:\n    pass\n", False),  # the wrong class is not caught
     ("try:\n    f('exit')\nexcept BaseException:\n    pass\n", False),  # SystemExit ends the run, caught or not
     ("try:\n    f(f)\nexcept BaseException:\n    pass\n", False),  # a function cannot be an argument
+    ("try:\n    f('generator')\nexcept BaseException:\n    pass\n", False),  # nor a generator a result
     ("assert f([1, (2, {3})]) == [1, (2, {3})]\n", True),
 ])
 def test_exceptions_cross_as_builtin_classes(tests, passes):
