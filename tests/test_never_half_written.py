@@ -279,6 +279,8 @@ def test_the_final_checkpoint_is_replaced_all_at_once(tmp_path, monkeypatch):
 
     out = tmp_path / "out"
     shutil.copytree(TESTBED, out)
+    special = out / "special_tokens_map.json"  # other bytes than a new save writes, same meaning
+    special.write_text(json.dumps(json.loads(special.read_text())))
     before = snapshot(out)
 
     def full(history, path):
@@ -288,3 +290,25 @@ def test_the_final_checkpoint_is_replaced_all_at_once(tmp_path, monkeypatch):
     with pytest.raises(NoSpaceError, match="the previous model.safetensors is unchanged"):
         train(load_train_config(config_file(tmp_path, checkpoint_interval=0)), out, progress=False, overwrite=True)
     assert snapshot(out) == before and not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_pareto_files_are_replaced_whole_or_not_at_all(tmp_path):
+    """pareto.png/.csv/.json written while the disk fills up (RLIMIT_FSIZE lowered around the call:
+    Python ignores SIGXFSZ, so writes past it fail with EFBIG) keep their previous contents."""
+    from dlm_toolkit.sweep.pareto import TrialPoint, plot, summarize_points, write_all, write_csv, write_json
+
+    def summary(n: int):
+        points = [TrialPoint(i, {"accuracy": i / n, "tpf": 1 + (n - i) / n, "n": 8}) for i in range(n)]
+        return summarize_points("s", {"accuracy": "maximize", "tpf": "maximize"}, points, {"complete": n})
+
+    write_all(summary(3), tmp_path)
+    before = snapshot(tmp_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    for write, name in ((plot, "pareto.png"), (write_csv, "pareto.csv"), (write_json, "pareto.json")):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+        try:
+            with pytest.raises(NoSpaceError, match=f"writing {tmp_path / name}; the previous {name} is unchanged"):
+                write(summary(40), tmp_path / name)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert snapshot(tmp_path) == before
