@@ -312,3 +312,19 @@ def test_pareto_files_are_replaced_whole_or_not_at_all(tmp_path):
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert snapshot(tmp_path) == before
+
+
+def test_tokenizer_files_are_replaced_whole_or_not_at_all(tmp_path):
+    from dlm_toolkit.tokenizer import build_char_tokenizer, save_tokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / name).write_text(json.dumps(json.loads((TESTBED / name).read_text())))  # other bytes
+    before = snapshot(tmp_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))  # tokenizer.json is larger: the disk "fills" there
+    try:
+        with pytest.raises(NoSpaceError, match="the previous tokenizer.json is unchanged"):
+            save_tokenizer(build_char_tokenizer(), tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert snapshot(tmp_path) == before
