@@ -28,6 +28,9 @@ from .protocol import (  # noqa: F401 -- for readers and linters; the sandbox ge
     MAX_TEXT, ChannelClosed, NotPlainData, ProtocolError, decode, encode, exception_name, rebuild_exception,
     receive, send)
 
+raise ImportError("dlm_toolkit.tasks.sandbox.inside is the program sandboxed interpreters run, not a module "
+                  "to import (see dlm_toolkit.tasks.sandbox.process.runner_source)")
+
 # ---- the sandbox runs what follows, after protocol.py's source ----
 import builtins  # noqa: E402
 import resource  # noqa: E402

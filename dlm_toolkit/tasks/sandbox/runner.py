@@ -48,6 +48,18 @@ class SandboxResult:
     candidate_stderr_tail: str = ""
 
 
+def _setup(timeout_s: float, memory_mb: int, python: str | None, unsafe_exec: bool,
+           isolation: str | None) -> tuple[str, SandboxInfo, bool]:
+    """Check the limits; ``(interpreter, its SandboxInfo, under bubblewrap?)``."""
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if memory_mb <= 0:
+        raise ValueError(f"memory_mb must be > 0, got {memory_mb}")
+    exe = python or sys.executable
+    info = sandbox_info(exe)
+    return exe, info, _isolation(unsafe_exec, isolation, info)
+
+
 def _isolation(unsafe_exec: bool, isolation: str | None, info: SandboxInfo) -> bool:
     """True for bubblewrap, False for process mode (checked against what the caller accepted)."""
     isolation = isolation or check_isolation(unsafe_exec, info)
@@ -59,13 +71,6 @@ def _isolation(unsafe_exec: bool, isolation: str | None, info: SandboxInfo) -> b
     if isolation == "bwrap" and info.bwrap is None:
         raise SandboxUnavailable(no_bwrap_message(info))
     return isolation == "bwrap"
-
-
-def _check_limits(timeout_s: float, memory_mb: int) -> None:
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if memory_mb <= 0:
-        raise ValueError(f"memory_mb must be > 0, got {memory_mb}")
 
 
 def run_python(
@@ -103,10 +108,7 @@ def run_python(
         SandboxUnavailable: bubblewrap is needed and cannot run here. Never raises for anything
             the code does.
     """
-    _check_limits(timeout_s, memory_mb)
-    exe = python or sys.executable
-    info = sandbox_info(exe)
-    boxed = _isolation(unsafe_exec, isolation, info)
+    exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation)
     token_r, token_w = os.pipe()
     result_r, result_w = os.pipe()
     token = os.urandom(16).hex().encode()
@@ -186,10 +188,7 @@ def run_tests(
     """
     if not (isinstance(entry_point, str) and entry_point.isidentifier() and not keyword.iskeyword(entry_point)):
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
-    _check_limits(timeout_s, memory_mb)
-    exe = python or sys.executable
-    info = sandbox_info(exe)
-    boxed = _isolation(unsafe_exec, isolation, info)
+    exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation)
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
     report_r, report_w = os.pipe()
