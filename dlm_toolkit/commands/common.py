@@ -4,6 +4,7 @@ taken from the command line. Subcommand modules import this one, never :mod:`dlm
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError, parse_value
@@ -67,3 +68,14 @@ def parse_ids(text: str) -> list[int]:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
         raise ConfigError(f"--prompt-ids: expected comma-separated integers, got {text!r}") from None
+
+
+def quiet_mlflow(verbose: bool = False) -> None:
+    """Keep MLflow from printing its two emoji links (run, experiment) each time a run against a
+    tracking server ends -- two lines per trial in a sweep; the commands print their own. Set in the
+    environment, so worker processes started later inherit it; ``verbose`` brings the links back, and
+    a value the user exported is left alone."""
+    if verbose:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "false"
+    else:
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")

@@ -36,17 +36,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cmp = compare_outcomes(results["a"].records, results["b"].records, n_boot=args.n_boot, seed=args.seed)
     if args.json:
         out = {"task": task.name, "n": args.n, "seed": args.seed, "checkpoint": str(args.checkpoint),
-               "a": {"source": args.a, "policy_hash": policies["a"].config_hash(),
+               "a": {"source": args.a, "label": policy_label(args.a, args.set_a), "policy_hash": policies["a"].config_hash(),
                      "accuracy_interval": list(results["a"].accuracy_interval), **results["a"].metrics},
-               "b": {"source": args.b, "policy_hash": policies["b"].config_hash(),
+               "b": {"source": args.b, "label": policy_label(args.b, args.set_b), "policy_hash": policies["b"].config_hash(),
                      "accuracy_interval": list(results["b"].accuracy_interval), **results["b"].metrics},
                "paired": cmp.to_dict()}
         print(json.dumps(out))
         return 0
     print(f"{task.name}, {args.n} eval instances (seed {args.seed}); B minus A, 95 % intervals")
+    labels = {k: policy_label(getattr(args, k), getattr(args, f"set_{k}")) for k in ("a", "b")}
+    width = max(24, *(len(v) for v in labels.values()))
     for k in ("a", "b"):
         m, (lo, hi) = results[k].metrics, results[k].accuracy_interval
-        print(f"  {k.upper()} {getattr(args, k):<24} accuracy {m['accuracy']:.4f} [{lo:.4f}, {hi:.4f}]  tpf {m['tpf']:.3f}")
+        print(f"  {k.upper()} {labels[k]:<{width}} accuracy {m['accuracy']:.4f} [{lo:.4f}, {hi:.4f}]  tpf {m['tpf']:.3f}")
     lo, hi = cmp.accuracy_diff_interval
     verdict = "differs" if cmp.accuracy_differs else "no significant difference"
     print(f"  accuracy  {cmp.accuracy_diff:+.4f} [{lo:+.4f}, {hi:+.4f}]  McNemar p={cmp.mcnemar_p:.4g} "
@@ -55,6 +57,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     verdict = "differs" if cmp.tpf_differs else "no significant difference"
     print(f"  tpf       {cmp.tpf_diff:+.3f} [{lo:+.3f}, {hi:+.3f}]  paired bootstrap: {verdict}")
     return 0
+
+
+def policy_label(source: str, overrides: list[str] | None) -> str:
+    """``"llada2.1-s + t2t.name=none"``: the preset or file and every override, so two policies that
+    differ only by ``--set-a``/``--set-b`` never print the same name."""
+    return " + ".join([source, *(o.strip() for o in overrides or [])])
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

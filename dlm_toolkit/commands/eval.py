@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, policy_from_args
+from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, policy_from_args, quiet_mlflow
 from dlm_toolkit.config import ConfigError
 
 
@@ -24,7 +24,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not Path(args.checkpoint).is_dir():
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
     if args.tracking_uri:
-        from dlm_toolkit.sweep.tracking import check_sqlite_folder
+        from dlm_toolkit.sweep.uris import check_sqlite_folder
+
+        quiet_mlflow()  # MLflow would print its links to stdout, into --json's one object
 
         check_sqlite_folder(args.tracking_uri, "--tracking-uri")
 
@@ -61,7 +63,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"edits_per_token   {m['edits_per_token']:.4f}")
         print(f"policy            {policy.config_hash()}")
         if run_id:
-            print(f"MLflow run {run_id} in {args.tracking_uri}")
+            print(f"MLflow run {run_id} in {args.tracking_uri}" + run_link(args.tracking_uri, run_id))
     return 0
 
 
@@ -87,3 +89,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_runtime_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
+
+
+def run_link(tracking_uri: str, run_id: str) -> str:
+    """``": <page>"`` for a run on a tracking server, else nothing (a SQLite store has no page until
+    ``mlflow ui`` serves it)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return ""
+    from mlflow import MlflowClient
+
+    from dlm_toolkit.sweep.tracking import run_page_url
+    from dlm_toolkit.sweep.uris import hide_web_password
+
+    experiment_id = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
+    return ": " + hide_web_password(run_page_url(tracking_uri, experiment_id, run_id))
+

@@ -16,7 +16,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
-from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, first_line, hide_password
+from dlm_toolkit.sweep.uris import check_sqlite_folder, creation_lock, first_line, hide_password
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -64,7 +64,7 @@ def load_study(storage: str | Any, study_name: str) -> Any:
     import optuna
 
     if isinstance(storage, str):
-        from dlm_toolkit.sweep.tracking import sqlite_file
+        from dlm_toolkit.sweep.uris import sqlite_file
 
         check_sqlite_folder(storage, "storage")
         db = sqlite_file(storage)
