@@ -9,7 +9,6 @@ another one is put in its place (the only substitution made).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,9 +29,23 @@ def section(title: str) -> str:
     return text[text.index(f"## {title}\n"):].split("\n## ", 1)[0]
 
 
+def fences(text: str | None = None) -> list[tuple[str, str]]:
+    """``(info string, body)`` of every fenced block of ``text`` (default: the whole README), in order."""
+    out, info, body = [], None, []
+    for line in (readme() if text is None else text).splitlines():
+        if info is None and line.startswith("```"):
+            info, body = line[3:].strip(), []
+        elif info is not None and line.strip() == "```":
+            out.append((info, "\n".join(body)))
+            info = None
+        elif info is not None:
+            body.append(line)
+    return out
+
+
 def bash_blocks(text: str | None = None) -> list[str]:
     """The ```` ```bash ```` blocks of ``text`` (default: the whole README), in order."""
-    return re.findall(r"```bash\n(.+?)\n```", readme() if text is None else text, re.S)
+    return [body for info, body in fences(text) if info == "bash"]
 
 
 def activation_line() -> str:
