@@ -75,8 +75,9 @@ def test_verbose_brings_mlflow_links_back(server, tmp_path):
 
 def test_runs_table_link_selects_the_metric_columns(server, sweep):
     [link] = re.findall(r"runs table with accuracy, tpf and nfe_mean columns: (\S+)", sweep.stdout)
-    experiment_id, key = re.fullmatch(rf"{re.escape(server)}/#/experiments/(\w+)\?viewStateShareKey=(\w+)",
-                                      link).groups()
+    experiment_id, key = re.fullmatch(
+        rf"{re.escape(server)}/#/experiments/(\w+)/runs\?workflowType=machine_learning&viewStateShareKey=(\w+)",
+        link).groups()
     status, body = get(f"{server}/api/2.0/mlflow/experiments/get?experiment_id={experiment_id}")
     tags = {t["key"]: t["value"] for t in json.loads(body)["experiment"]["tags"]}
     view = json.loads(tags[f"mlflow.sharedViewState.{key}"])
