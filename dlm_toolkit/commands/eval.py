@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
-    task = get_task(args.task, **({"unsafe_exec": True} if args.unsafe_exec and args.task == "humaneval" else {}))
+    task = get_task(args.task, **task_options(args))
     check_n(task, args.n)  # before the model loads
     policy = policy_from_args(args)
     if not Path(args.checkpoint).is_dir():
@@ -50,9 +51,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           "metric_name": task.metric_name, "seed": args.seed,
                           "batch_size": args.batch_size, "checkpoint": str(args.checkpoint),
                           "policy_hash": policy.config_hash(), "policy": policy.model_dump(mode="json"),
-                          "mlflow_run_id": run_id, "provenance": prov, "instances": result.outcomes()}))
+                          "mlflow_run_id": run_id, "provenance": prov, "chat": result.chat,
+                          "instances": result.outcomes()}))
     else:
         lo, hi = result.accuracy_interval
+        if result.chat:
+            print("prompts           through the checkpoint's chat template")
         print(f"accuracy          {m['accuracy']:.4f}  [{lo:.4f}, {hi:.4f}] 95 % Wilson ({task.metric_name} on "
               f"{m['n']} {task.name} eval instances, seed {args.seed})")
         print(f"tpf               {m['tpf']:.3f}  (generated tokens up to and including the first EOS, per forward)")
@@ -63,6 +67,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if run_id:
             print(f"MLflow run {run_id} in {args.tracking_uri}")
     return 0
+
+
+def task_options(args: argparse.Namespace) -> dict:
+    """Constructor options of ``--task`` from ``--data``, ``--chat``, ``--system``, ``--unsafe-exec``
+    and ``--gen-length``, refused for a task that does not take them."""
+    from dlm_toolkit.tasks import TASKS, BenchmarkTask
+
+    cls = TASKS.get(args.task)
+    options: dict = {"chat": args.chat}
+    if args.system is not None:
+        options["system"] = args.system
+    is_benchmark = cls is not None and issubclass(cls, BenchmarkTask)
+    if args.data is not None:
+        if not is_benchmark:
+            raise ConfigError(f"--data: task '{args.task}' reads no data file (benchmarks that do: "
+                              f"{', '.join(sorted(k for k, c in TASKS.items() if issubclass(c, BenchmarkTask)))})")
+        options["data"] = args.data
+    if args.gen_length is not None:
+        if args.gen_length <= 0:
+            raise ConfigError(f"--gen-length: must be >= 1 (got {args.gen_length})")
+        options["answer_length"] = args.gen_length
+    if args.unsafe_exec and cls is not None and "unsafe_exec" in inspect.signature(cls).parameters:
+        options["unsafe_exec"] = True
+    return options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,8 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
+    p.add_argument("--data", help="benchmark tasks: the data file or folder (default: $DLM_DATA_DIR or ./data)")
+    p.add_argument("--chat", default="auto", choices=("auto", "true", "false"),
+                   help="format prompts with the checkpoint's chat template: auto (when it has one; default), true, false")
+    p.add_argument("--system", help="a system turn before each prompt (chat template only)")
+    p.add_argument("--gen-length", type=int, help="generation budget in tokens (default: the task's)")
     p.add_argument("--unsafe-exec", action="store_true",
-                   help="humaneval: where the bubblewrap sandbox is unavailable, run generated code with "
+                   help="code tasks (humaneval, mbpp, humaneval_plus, mbpp_plus): where the bubblewrap sandbox is unavailable, run generated code with "
                         "process-level limits only (default: refuse)")
     p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
     add_runtime_args(p)
