@@ -7,7 +7,9 @@ strings, and a row that has one (or an EOS) is not decoded further, so its remai
 no forwards (``blocks_skipped`` counts the blocks it did not decode). Segments end on block
 boundaries and the next segment's prompt is everything decoded so far, which is exact when
 finished blocks never change and never see later positions: a block-causal model under the
-``semi_ar`` schedule (or ``multi_block_edit`` with ``edit_blocks: 0``). Then a row gets the same
+``semi_ar`` schedule with blocks aligned at position 0 (``align: absolute``, the LLaDA2 layout; or
+``multi_block_edit`` with ``edit_blocks: 0``). A row that meets EOS stops there even when the
+policy's ``eos_early_stop`` is off (then it spends fewer forwards than one long decode). Then a row gets the same
 tokens and the same forwards, block for block, as one decode of the whole length (tests check
 this); rows are grouped by their offset inside a block, so each decode call keeps every row of a
 group on block boundaries. Each segment draws random numbers from its own stream
@@ -91,6 +93,8 @@ def segmentable(model: DiffusionLM, policy: DecodingPolicy) -> bool:
     blocks = policy.blocks
     if getattr(model, "attention", "block_causal") != "block_causal":
         return False
+    if getattr(blocks.config, "align", "absolute") != "absolute":
+        return False  # blocks after the prompt: the prompt attends within itself, so a longer prompt differs
     if blocks.name == "semi_ar":
         return True
     return blocks.name == "multi_block_edit" and int(getattr(blocks.config, "edit_blocks", 1)) == 0
