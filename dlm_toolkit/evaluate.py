@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
 from typing import Any, Callable
 
 import torch

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, policy_from_args
+from dlm_toolkit.commands.common import (add_policy_args, add_runtime_args, add_task_args, load_for_args,
+                                         policy_from_args, task_options)
 from dlm_toolkit.config import ConfigError
 
 
@@ -69,30 +69,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def task_options(args: argparse.Namespace) -> dict:
-    """Constructor options of ``--task`` from ``--data``, ``--chat``, ``--system``, ``--unsafe-exec``
-    and ``--gen-length``, refused for a task that does not take them."""
-    from dlm_toolkit.tasks import TASKS, BenchmarkTask
-
-    cls = TASKS.get(args.task)
-    options: dict = {"chat": args.chat}
-    if args.system is not None:
-        options["system"] = args.system
-    is_benchmark = cls is not None and issubclass(cls, BenchmarkTask)
-    if args.data is not None:
-        if not is_benchmark:
-            raise ConfigError(f"--data: task '{args.task}' reads no data file (benchmarks that do: "
-                              f"{', '.join(sorted(k for k, c in TASKS.items() if issubclass(c, BenchmarkTask)))})")
-        options["data"] = args.data
-    if args.gen_length is not None:
-        if args.gen_length <= 0:
-            raise ConfigError(f"--gen-length: must be >= 1 (got {args.gen_length})")
-        options["answer_length"] = args.gen_length
-    if args.unsafe_exec and cls is not None and "unsafe_exec" in inspect.signature(cls).parameters:
-        options["unsafe_exec"] = True
-    return options
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``eval`` subcommand."""
     from dlm_toolkit.tasks import TASKS
@@ -108,14 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
-    p.add_argument("--data", help="benchmark tasks: the data file or folder (default: $DLM_DATA_DIR or ./data)")
-    p.add_argument("--chat", default="auto", choices=("auto", "true", "false"),
-                   help="format prompts with the checkpoint's chat template: auto (when it has one; default), true, false")
-    p.add_argument("--system", help="a system turn before each prompt (chat template only)")
-    p.add_argument("--gen-length", type=int, help="generation budget in tokens (default: the task's)")
-    p.add_argument("--unsafe-exec", action="store_true",
-                   help="code tasks (humaneval, mbpp, humaneval_plus, mbpp_plus): where the bubblewrap sandbox is unavailable, run generated code with "
-                        "process-level limits only (default: refuse)")
+    add_task_args(p)
     p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
     add_runtime_args(p)
     p.add_argument("--no-progress", action="store_true")

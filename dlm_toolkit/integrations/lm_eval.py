@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import sys
-from time import perf_counter
 from typing import Any, Sequence
 
 from lm_eval.api.model import LM

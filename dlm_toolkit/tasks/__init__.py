@@ -8,7 +8,8 @@
 Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``,
 three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick``, and the
 benchmarks read from local files (:mod:`dlm_toolkit.tasks.data`): ``gsm8k``, ``gsm_plus``, ``math500``,
-``mbpp``, ``humaneval_plus``, ``mbpp_plus`` (see :data:`TASKS`). Every task's
+``mbpp``, ``humaneval_plus``, ``mbpp_plus``, and ``lm_eval`` (any lm-evaluation-harness generate_until
+task; needs the ``eval`` extra) (see :data:`TASKS`). Every task's
 train and eval splits are disjoint by construction (see :mod:`dlm_toolkit.tasks.base`). Chance
 level (random guessing) is ~0 for all of them; :meth:`Task.chance_score` measures it.
 """
@@ -23,6 +24,7 @@ from .data import BenchmarkTask, DataError
 from .either import EitherTask
 from .gsm8k import GSM8KTask, GSMPlusTask
 from .humaneval import HumanEvalTask
+from .lm_eval_task import LmEvalTask
 from .math500 import Math500Task
 from .mbpp import HumanEvalPlusTask, MBPPPlusTask, MBPPTask
 from .pick import PickTask
@@ -39,6 +41,7 @@ __all__ = [
     "GSM8KTask",
     "GSMPlusTask",
     "HumanEvalPlusTask",
+    "LmEvalTask",
     "MBPPPlusTask",
     "MBPPTask",
     "Math500Task",
@@ -60,7 +63,7 @@ BENCHMARKS: tuple[type[Task], ...] = (GSM8KTask, GSMPlusTask, Math500Task, MBPPT
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
-    for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask, PickTask, *BENCHMARKS)
+    for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask, PickTask, *BENCHMARKS, LmEvalTask)
 }
 """Task name -> task class."""
 
