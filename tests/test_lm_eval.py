@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.integrations.lm_eval import write_gsm8k_task
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.tasks.gsm8k import extract_answer
 
@@ -42,42 +43,6 @@ metric_list:
     higher_is_better: true
 """
 
-# lm-eval's gsm8k task (v3) over a local file: its prompt, stop strings, filters and metric
-GSM_YAML = """task: dlm_gsm8k_local
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: generate_until
-test_split: test
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_target: "{{{{answer}}}}"
-num_fewshot: 0
-generation_kwargs:
-  until: ["Question:", "</s>", "<|im_end|>"]
-  max_gen_toks: {max_gen}
-  do_sample: false
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    ignore_case: true
-    ignore_punctuation: false
-    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
-filter_list:
-  - name: "strict-match"
-    filter:
-      - function: "regex"
-        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
-      - function: "take_first"
-  - name: "flexible-extract"
-    filter:
-      - function: "regex"
-        group_select: -1
-        regex_pattern: "(-?[$0-9.,]{{2,}})|(-?[0-9]+)"
-      - function: "take_first"
-"""
-
 MC_YAML = """task: dlm_mc
 dataset_path: json
 dataset_kwargs:
@@ -103,7 +68,7 @@ def tasks_dir(tmp_path_factory):
     gsm = folder / "gsm8k" / "test.jsonl"  # the first N_GSM problems of the GSM8K-format fixture
     gsm.parent.mkdir()
     gsm.write_text("".join(GSM8K.read_text().splitlines(keepends=True)[:N_GSM]))
-    (folder / "dlm_gsm8k_local.yaml").write_text(GSM_YAML.format(data=gsm, max_gen=GSM_GEN + 1))
+    write_gsm8k_task(folder, gsm, max_gen_toks=GSM_GEN + 1, name="dlm_gsm8k_local")
     bad = folder / "bad"
     bad.mkdir()
     (bad / "dlm_mc.yaml").write_text(MC_YAML.format(data=add))
@@ -118,13 +83,11 @@ def env() -> dict[str, str]:
 
 
 def test_simple_evaluate_equals_dlm_eval(tasks_dir, monkeypatch):
-    """lm-eval's simple_evaluate with the dlm model: accuracy and per-request forwards equal
+    """lm-eval's simple_evaluate with the dlm model (registered by importing the integration): accuracy and per-request forwards equal
     dlm eval on the same add instances; on the GSM8K-format file, lm-eval's own strict and flexible
     filters read exactly what our verifier extracts from our completions."""
     import lm_eval
     from lm_eval.tasks import TaskManager
-
-    import dlm_toolkit.integrations.lm_eval  # noqa: F401  (registers "dlm")
 
     for key, value in env().items():
         monkeypatch.setenv(key, value)

@@ -41,7 +41,7 @@ from dlm_toolkit.chat import chat_text, has_chat_template
 from dlm_toolkit.config import ConfigError, parse_value
 from dlm_toolkit.generate import generate, validate_stops
 
-__all__ = ["DlmLM", "main"]
+__all__ = ["DlmLM", "main", "write_gsm8k_task"]
 
 DEFAULT_MAX_GEN_TOKS = 256
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm-eval's CLI passes this unless --device says otherwise
@@ -213,6 +213,58 @@ class DlmLM(LM):
             client.log_metric(run.info.run_id, key, float(totals[key]))
         client.set_terminated(run.info.run_id)
         return run.info.run_id
+
+
+GSM8K_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+num_fewshot: 0
+generation_kwargs:
+  until: ["Question:", "</s>", "<|im_end|>"]
+  max_gen_toks: {max_gen}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: false
+    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
+filter_list:
+  - name: "strict-match"
+    filter:
+      - function: "regex"
+        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
+      - function: "take_first"
+  - name: "flexible-extract"
+    filter:
+      - function: "regex"
+        group_select: -1
+        regex_pattern: "(-?[$0-9.,]{{2,}})|(-?[0-9]+)"
+      - function: "take_first"
+"""
+
+
+def write_gsm8k_task(folder: str | os.PathLike, data: str | os.PathLike, max_gen_toks: int = 256,
+                     name: str = "gsm8k_local") -> str:
+    """Write ``folder/<name>.yaml``: lm-eval's ``gsm8k`` task (v3: zero-shot prompt, stop strings,
+    strict/flexible filters, exact match) over a local GSM8K ``test.jsonl``, for ``--include_path
+    folder --tasks <name>`` where the hub is out of reach. Returns the task name."""
+    from pathlib import Path
+
+    path = Path(data).resolve()
+    if not path.is_file():
+        raise ConfigError(f"data: no GSM8K test.jsonl at {path}")
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.yaml").write_text(GSM8K_TASK.format(name=name, data=path, max_gen=int(max_gen_toks)))
+    return name
 
 
 def _is_main() -> bool:
