@@ -13,7 +13,7 @@ from dlm_toolkit.chat import encode_prompt, use_chat
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.decode import check_context
-from dlm_toolkit.generate import generate
+from dlm_toolkit.generate import generate, strip_eos  # noqa: F401  (strip_eos: re-exported, notebooks use it)
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.models.llada2 import TensorParallel
 from dlm_toolkit.policy import DecodingPolicy

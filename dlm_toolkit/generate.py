@@ -35,7 +35,8 @@ from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.state import row_seed
 
-__all__ = ["Generation", "MAX_STOP_CHARS", "MAX_STOPS", "cut_at_stop", "generate", "segmentable", "validate_stops"]
+__all__ = ["Generation", "MAX_STOP_CHARS", "MAX_STOPS", "cut_at_stop", "generate", "segmentable", "strip_eos",
+           "validate_stops"]
 
 MAX_STOPS = 64
 MAX_STOP_CHARS = 256
@@ -130,8 +131,13 @@ def generate(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]
     return _segmented(model, tokenizer, prompts, policy, gen_length, stops, list(seeds), kv_cache, stop_every)
 
 
+def strip_eos(tokens: list[int], eos_id: int) -> list[int]:
+    """``tokens`` up to (not including) the first EOS."""
+    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+
+
 def _text(tokenizer: Any, tokens: list[int], eos: int) -> str:
-    return tokenizer.decode(tokens[: tokens.index(eos)] if eos in tokens else tokens)
+    return tokenizer.decode(strip_eos(tokens, eos))
 
 
 def _segmented(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]], policy: DecodingPolicy,

@@ -187,7 +187,7 @@ def test_output_tests_compare_exactly_or_within_atol():
     assert expected == ["1.5", "0.15000000000000002", "3.0"]
     tests = output_tests("mean", inputs, expected, atol=0.0)
     assert check_solution(reference, tests, "mean", **kw).passed
-    close = "def mean(xs):\n    return round(sum(xs) / len(xs), 9)\n"  # within the 1e-6 float default
+    close = "def mean(xs):\n    return sum(xs) / len(xs) + 5e-7\n"  # within the 1e-6 float default (atol 0 given)
     assert check_solution(close, tests, "mean", **kw).passed
     off = "def mean(xs):\n    return sum(xs) / len(xs) + 1e-3\n"
     assert not check_solution(off, tests, "mean", **kw).passed

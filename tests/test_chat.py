@@ -144,7 +144,22 @@ def test_eval_chat_true_on_a_checkpoint_with_template(chat_checkpoint, capsys):
     model, tok = load_checkpoint(chat_checkpoint)
     lib = evaluate(model, tok, get_task("add", chat="true", system="s"), "llada2.1-q", 4, 0, progress=False)
     assert [r["nfe"] for r in lib.records] == [i["nfe"] for i in out["instances"]]
-    assert lib.records[0]["prompt"] == get_task("add").instances(4, 0, "eval")[0].prompt
+    inst = get_task("add").instances(4, 0, "eval")[0]
+    assert lib.records[0]["prompt"] == inst.prompt
+    ids = tok.encode(f"(s){inst.prompt}", add_special_tokens=False)  # what the template renders
+    row = decode(model, [ids], "llada2.1-q", get_task("add").answer_length + 1, seed=[row_seed(0, 0)]).rows[0]
+    assert (lib.records[0]["nfe"], lib.records[0]["tokens"]) == (row.nfe, len(row.tokens))
+
+
+def test_template_files_must_lie_inside_the_checkpoint(tmp_path):
+    from dlm_toolkit.models.validate import CheckpointError
+
+    folder = tmp_path / "tok"
+    shutil.copytree(FIXTURE, folder)
+    (tmp_path / "outside.jinja").write_text("{{ messages[0].content }}")
+    (folder / "chat_template.jinja").symlink_to(tmp_path / "outside.jinja")
+    with pytest.raises(CheckpointError, match="chat_template.jinja.*outside the checkpoint folder"):
+        find_tokenizer(folder)
 
 
 @pytest.mark.parametrize("args, needle", [

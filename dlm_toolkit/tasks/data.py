@@ -27,7 +27,8 @@ from dlm_toolkit.config import ConfigError
 
 from .base import Instance, Split, Task, _check_args
 
-__all__ = ["DATA_ENV", "BenchmarkTask", "DataError", "DataSource", "read_json_records", "read_jsonl", "resolve_data"]
+__all__ = ["DATA_ENV", "BenchmarkTask", "DataError", "DataSource", "fixed_subset", "read_json_records", "read_jsonl",
+           "resolve_data"]
 
 DATA_ENV = "DLM_DATA_DIR"
 DEFAULT_ROOT = "data"
@@ -125,6 +126,18 @@ def read_json_records(path: Path, required: Sequence[str]) -> list[dict[str, Any
     return [_check_fields(r, required, f"{path}: record {i}") for i, r in enumerate(data)]
 
 
+def fixed_subset(items: Sequence[Instance], n: int, seed: int, split: Split, name: str) -> list[Instance]:
+    """``n`` eval instances of a fixed set: all of them in order when ``n`` covers the set, else a
+    subset drawn with ``seed`` (kept in order). Evaluation-only sets refuse ``split="train"``."""
+    _check_args(n, split)
+    if split != "eval":
+        raise ValueError(f"{name} is evaluation-only: use split='eval'")
+    if n >= len(items):
+        return list(items)
+    chosen = sorted(random.Random(f"{name}|{seed}").sample(range(len(items)), n))
+    return [items[i] for i in chosen]
+
+
 class BenchmarkTask(Task):
     """A fixed evaluation set read from a local file; evaluation-only (no train split).
 
@@ -154,13 +167,7 @@ class BenchmarkTask(Task):
         raise NotImplementedError
 
     def instances(self, n: int, seed: int, split: Split) -> list[Instance]:
-        _check_args(n, split)
-        if split != "eval":
-            raise ValueError(f"{self.name} is evaluation-only: use split='eval'")
-        if n >= len(self._instances):
-            return list(self._instances)
-        chosen = sorted(random.Random(f"{self.name}|{seed}").sample(range(len(self._instances)), n))
-        return [self._instances[i] for i in chosen]
+        return fixed_subset(self._instances, n, seed, split, self.name)
 
     def _sample(self, rng: random.Random, split: Split) -> Instance | None:
         return rng.choice(self._instances)

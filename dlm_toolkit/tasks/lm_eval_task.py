@@ -19,7 +19,8 @@ from typing import Any
 
 from dlm_toolkit.config import ConfigError
 
-from .base import Instance, Split, Task, _check_args
+from .base import Instance, Split, Task
+from .data import fixed_subset
 
 __all__ = ["LmEvalTask"]
 
@@ -77,13 +78,7 @@ class LmEvalTask(Task):
         self.eval_size = len(self._instances)
 
     def instances(self, n: int, seed: int, split: Split) -> list[Instance]:
-        _check_args(n, split)
-        if split != "eval":
-            raise ValueError("lm-eval tasks are evaluation-only: use split='eval'")
-        if n >= len(self._instances):
-            return list(self._instances)
-        chosen = sorted(random.Random(f"{self.name}|{self.task_name}|{seed}").sample(range(len(self._instances)), n))
-        return [self._instances[i] for i in chosen]
+        return fixed_subset(self._instances, n, seed, split, f"{self.name}|{self.task_name}")
 
     def _sample(self, rng: random.Random, split: Split) -> Instance | None:
         return rng.choice(self._instances)
