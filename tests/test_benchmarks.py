@@ -225,12 +225,16 @@ def test_code_benchmarks_pass_the_reference_and_fail_a_wrong_answer(name):
     assert task.score_batch(insts, wrong) == [0.0, 0.0, 0.0]
 
 
-def test_humaneval_plus_chat_answer_with_the_whole_function():
-    task = get_task("humaneval_plus", data=str(FIXTURES / "evalplus"), unsafe_exec=True)
+def test_humaneval_plus_chat_answer_with_the_whole_function(tmp_path):
+    row = json.loads((FIXTURES / "evalplus" / "HumanEvalPlus.jsonl").read_text().splitlines()[0])
+    row["prompt"] = "def add_two(a, b):\n"  # a bare signature: prompt + a whole function would not parse
+    (tmp_path / "HumanEvalPlus.jsonl").write_text(json.dumps(row) + "\n")
+    task = get_task("humaneval_plus", data=str(tmp_path), unsafe_exec=True)
     inst = task.instances(1, 0, "eval")[0]
     assert inst.meta["entry_point"] == "add_two"
     assert task.score(inst, "Sure:\n```python\ndef add_two(a, b):\n    return b + a\n```") == 1.0
     assert task.score(inst, "Sure:\n```python\ndef add_two(a, b):\n    return a * b\n```") == 0.0
+    assert task.score(inst, "    return a + b\n") == 1.0  # completion style: the body after the prompt
 
 
 def test_plus_inputs_catch_what_base_inputs_miss(tmp_path):

@@ -32,6 +32,7 @@ def prompts(tok, n=7):
 @pytest.mark.parametrize("policy", [
     {"preset": "llada2.1-q", "blocks.params.block_length": 8},
     {"preset": "llada2.1-s", "blocks.params.block_length": 4},
+    {"preset": "llada2.1-q", "blocks.params.block_length": 8, "blocks.params.align": "prompt"},  # decoded whole
     {"preset": "llada2.1-q", "blocks.name": "multi_block_edit", "blocks.params.edit_blocks": 0,
      "blocks.params.block_length": 8},
 ])
@@ -41,7 +42,7 @@ def test_segments_give_one_decodes_tokens_and_forwards(testbed, policy):
     pol = DecodingPolicy(preset, **policy)
     ps = prompts(tok)
     seeds = [row_seed(1, i) for i in range(len(ps))]
-    assert segmentable(model, pol)
+    assert segmentable(model, pol) == (policy.get("blocks.params.align") != "prompt")
     whole = decode(model, ps, pol, 30, seed=seeds)
     for every in (1, 2):
         rows, _ = generate(model, tok, ps, pol, 30, stop=["@never@"], seeds=seeds, stop_every=every)

@@ -173,3 +173,28 @@ def test_bad_generation_requests_are_refused_before_decoding(tasks_dir, monkeypa
         lm_eval.simple_evaluate(model=lm, tasks=[task],
                                 task_manager=TaskManager(include_path=str(tasks_dir / "bad"), include_defaults=False))
     assert lm.requests_log == []  # nothing was decoded
+
+
+def test_generate_until_honours_until_and_max_gen_toks():
+    """Requests straight to the model: each row is cut before its earliest stop string and decoded
+    no further than the block it appeared in; max_gen_toks bounds the tokens."""
+    from lm_eval.api.instance import Instance
+
+    from dlm_toolkit.decode import decode
+    from dlm_toolkit.integrations.lm_eval import DlmLM
+    from dlm_toolkit.state import row_seed
+
+    lm = DlmLM(checkpoint=str(REPO / "checkpoints" / "testbed-v2-editable"), preset="llada2.1-q",
+               set="blocks.params.block_length=4", threads=1)
+    prompt = get_task("sort").instances(1, 3, "eval")[0].prompt
+    ids = lm.tokenizer.encode(prompt, add_special_tokens=False)
+    whole = decode(lm.model, [ids], lm.policy, 50, seed=[row_seed(0, 0)]).rows[0]
+    text = lm.tokenizer.decode(whole.tokens)
+    stop = text[12:15]
+    requests = [Instance("generate_until", {}, (prompt, {"until": [stop, "@@"], "max_gen_toks": 50}), 0),
+                Instance("generate_until", {}, (prompt, {"until": ["@@"], "max_gen_toks": 6}), 1)]
+    cut, short = lm.generate_until(requests, disable_tqdm=True)
+    assert cut == text[: text.find(stop)] and short == text[:6]
+    log = sorted(lm.requests_log, key=lambda r: r["request"])
+    assert log[0]["stopped"] == "stop" and log[0]["nfe"] < whole.nfe and log[0]["blocks_skipped"] > 0
+    assert log[1]["tokens"] == 6

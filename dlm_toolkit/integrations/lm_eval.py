@@ -277,15 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``dlm-lm-eval``: lm-eval's command line with the ``dlm`` model registered.
 
     Bad input (our checks: a policy, a checkpoint, stop strings, ``max_gen_toks`` past the context,
-    a request type the model does not serve) exits 2 with one line; under ``torchrun`` ranks other
-    than 0 print nothing and write no output files.
+    a request type the model does not serve) exits 2 with one line. Under ``torchrun`` the model
+    joins the process group as it loads (:func:`dlm_toolkit.distributed.init_from_env`), which
+    silences ``stdout`` on ranks other than 0, and lm-eval then saves results on rank 0 only.
     """
     from lm_eval.__main__ import cli_evaluate
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if int(os.environ.get("RANK", "0")) != 0:
-        args = _without(args, ("--output_path", "-o"))
-        sys.stdout = open(os.devnull, "w")
     saved = sys.argv
     sys.argv = ["lm_eval", *args]
     try:
@@ -296,21 +294,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.argv = saved
     return 0
-
-
-def _without(args: list[str], flags: tuple[str, ...]) -> list[str]:
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a in flags:
-            skip = True
-            continue
-        if any(a.startswith(f + "=") for f in flags):
-            continue
-        out.append(a)
-    return out
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Scoring follows lm-eval's ``gsm8k`` task (v3):
 
 no match gives ``[invalid]``. The extracted string and the reference are compared by lm-eval's
 ``exact_match`` with its ``regexes_to_ignore`` (``,``, ``$``, everything up to ``#### ``, one
-trailing ``.``) and ``ignore_case``. ``tests/test_benchmarks.py`` checks these decisions against
+trailing ``.``; its ``ignore_case`` cannot matter for these patterns). ``tests/test_benchmarks.py`` checks these decisions against
 lm-eval's own filter and metric.
 
 Prompt: raw (base models) ``Question: {question}\\nAnswer:`` (lm-eval's zero-shot format), stop
@@ -59,9 +59,11 @@ def extract_answer(completion: str, match: Match = "flexible") -> str:
 
 
 def _normalise(text: str) -> str:
+    # lm-eval also lowercases (ignore_case), which cannot change a match here: both extraction
+    # patterns only ever return digits, '-', '.', ',', '$' or '[invalid]'
     for pattern in _IGNORE:
         text = pattern.sub("", text)
-    return text.lower()
+    return text
 
 
 def gsm8k_match(completion: str, reference: str, match: Match = "flexible") -> bool:
