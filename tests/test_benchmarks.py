@@ -17,6 +17,7 @@ from dlm_toolkit.tasks.gsm8k import extract_answer, gsm8k_match
 from dlm_toolkit.tasks.math500 import is_equiv, last_boxed
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
+TESTBED = str(Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-editable")
 FOLDER = {"gsm8k": "gsm8k", "gsm_plus": "gsm_plus", "math500": "math500", "mbpp": "mbpp",
           "humaneval_plus": "evalplus", "mbpp_plus": "evalplus"}
 
@@ -108,7 +109,7 @@ def test_missing_data_is_one_line_naming_task_path_and_fetch(tmp_path, monkeypat
         with pytest.raises(DataError, match=name):
             get_task(name)
     out_dir = tmp_path / "out"
-    code = main(["eval", "--checkpoint", "checkpoints/testbed-editable", "--task", "mbpp", "--n", "2", "--json",
+    code = main(["eval", "--checkpoint", TESTBED, "--task", "mbpp", "--n", "2", "--json",
                  "--data", str(tmp_path / "nowhere.json")])
     err_text = capsys.readouterr().err
     assert code == 2 and err_text.count("\n") == 1 and "nowhere.json" in err_text and "curl" in err_text
@@ -247,3 +248,11 @@ def test_plus_inputs_catch_what_base_inputs_miss(tmp_path):
     plus = get_task("mbpp_plus", data=str(tmp_path), unsafe_exec=True)
     inst = plus.instances(1, 0, "eval")[0]
     assert base.score(inst, cheat) == 1.0 and plus.score(inst, cheat) == 0.0
+
+
+def test_task_options_a_task_lacks_are_one_line(capsys):
+    assert main(["eval", "--checkpoint", TESTBED, "--task", "lm_eval", "--n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "task 'lm_eval'" in err and "'task'" in err and err.count("\n") == 1
+    with pytest.raises(ValueError, match="its options: data, answer_length, match"):
+        get_task("gsm8k", data=str(FIXTURES / "gsm8k"), colour="red")

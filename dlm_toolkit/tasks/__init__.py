@@ -92,6 +92,14 @@ def get_task(name: str, **kwargs: Any) -> Task:
     system = kwargs.pop("system", None)
     if system is not None and not isinstance(system, str):
         raise ValueError(f"system: must be a string (got {system!r})")
-    task = cls(**kwargs)
+    try:
+        task = cls(**kwargs)
+    except TypeError as e:  # a missing or unknown constructor option
+        import inspect
+
+        from dlm_toolkit.config import ConfigError
+
+        options = ", ".join(p for p in inspect.signature(cls).parameters)
+        raise ConfigError(f"task '{name}': {e} (its options: {options}, plus chat, system)") from None
     task.chat, task.system = chat, system
     return task
