@@ -11,7 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets
+from dlm_toolkit.commands.common import (add_import_arg, add_runtime_args, add_task_args, load_for_args,
+                                         parse_sets, task_options)
 from dlm_toolkit.config import ConfigError
 
 
@@ -25,7 +26,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.n_boot < 100:
         raise ConfigError(f"--n-boot: must be >= 100 (got {args.n_boot})")
-    task = get_task(args.task)
+    task = get_task(args.task, **task_options(args))
     check_n(task, args.n)
     policies = {"a": load_policy(args.a, parse_sets(args.set_a)), "b": load_policy(args.b, parse_sets(args.set_b))}
     if not Path(args.checkpoint).is_dir():
@@ -85,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
     add_import_arg(p)
+    add_task_args(p)
     add_runtime_args(p)
     p.set_defaults(func=cmd_compare)
     return p
