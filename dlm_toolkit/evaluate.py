@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
 from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
 
+from dlm_toolkit.chat import encode_prompt, use_chat
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
-from dlm_toolkit.decode import check_context, decode
+from dlm_toolkit.decode import check_context
+from dlm_toolkit.generate import generate, strip_eos  # noqa: F401  (strip_eos: re-exported, notebooks use it)
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.models.llada2 import TensorParallel
 from dlm_toolkit.policy import DecodingPolicy
@@ -34,6 +35,7 @@ class EvalResult:
 
     metrics: dict[str, float]
     records: list[dict[str, Any]] = field(default_factory=list)
+    chat: bool = False  # prompts went through the checkpoint's chat template
 
     @property
     def accuracy_interval(self) -> tuple[float, float]:
@@ -89,7 +91,8 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
     check_n(task, n)
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
     instances = task.instances(n, seed, "eval")
-    prompts = [tokenizer.encode(inst.prompt, add_special_tokens=False) for inst in instances]
+    chat = use_chat(tokenizer, task.chat, f"task '{task.name}': chat")
+    prompts = [task_prompt(tokenizer, task, inst, chat) for inst in instances]
     gen_length = task.answer_length + 1  # room for the EOS
     check_task_context(model, max(len(p) for p in prompts) + gen_length, policy, task.name)
     records: list[dict[str, Any]] = []
@@ -97,15 +100,15 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
     bar = tqdm(total=n, desc=f"eval {task.name}", disable=not progress, unit="inst")
     for start in range(0, n, batch_size):
         batch = instances[start : start + batch_size]
-        t0 = perf_counter()
         streams = [row_seed(seed, i) for i in range(start, start + len(batch))]
-        result = decode(model, prompts[start : start + batch_size], policy, gen_length, kv_cache=kv_cache, seed=streams)
-        totals["wall"] += perf_counter() - t0
-        completions = [tokenizer.decode(strip_eos(r.tokens, model.eos_token_id)) for r in result.rows]
-        scores = task.score_batch(batch, completions)
-        for inst, completion, score, row in zip(batch, completions, scores, result.rows):
-            records.append({"prompt": inst.prompt, "reference": inst.reference, "completion": completion,
-                            "score": score, "nfe": row.nfe, "tokens": len(row.tokens), "edits": row.edits})
+        rows, wall = generate(model, tokenizer, prompts[start : start + batch_size], policy, gen_length,
+                              stop=task.stop, seeds=streams, kv_cache=kv_cache)
+        totals["wall"] += wall
+        scores = task.score_batch(batch, [g.text for g in rows])
+        for inst, score, row in zip(batch, scores, rows):
+            records.append({"prompt": inst.prompt, "reference": inst.reference, "completion": row.text,
+                            "score": score, "nfe": row.nfe, "tokens": len(row.tokens), "edits": row.edits,
+                            "stopped": row.stopped})
             totals["tokens"] += len(row.tokens)
             totals["nfe"] += row.nfe
             totals["edits"] += row.edits
@@ -118,7 +121,15 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
         if on_batch is not None:
             on_batch(len(records), running)
     bar.close()
-    return EvalResult(metrics_from(totals, len(records)), records)
+    return EvalResult(metrics_from(totals, len(records)), records, chat=chat)
+
+
+def task_prompt(tokenizer: Any, task: Task, instance: Any, chat: bool) -> list[int]:
+    """The ids an instance is decoded from: its raw prompt, or (``chat``) its user message (after
+    the task's system turn, if any) through the tokenizer's chat template."""
+    if not chat:
+        return encode_prompt(tokenizer, instance.prompt, False)
+    return encode_prompt(tokenizer, task.user_message(instance), True, task.system)
 
 
 MAX_GENERATED_N = 100_000  # instances of a generated task one evaluation may decode
@@ -149,10 +160,6 @@ def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:
         "wall_time_s": totals["wall"],
         "n": n,
     }
-
-
-def strip_eos(tokens: list[int], eos_id: int) -> list[int]:
-    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
 def check_task_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task: str) -> None:

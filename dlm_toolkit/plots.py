@@ -1,4 +1,5 @@
-"""Figures people would rather look at than read: decode trajectories."""
+"""Figures people would rather look at than read: decode trajectories, and labels that never cover
+one another or a marker (:func:`place_labels`, used by the Pareto figure)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,55 @@ def plot_trajectory(trajectory: Trajectory, row: int = 0, ax: Any = None, block_
     fig.colorbar(sm, ax=ax, label="confidence")
     fig.tight_layout()
     return fig
+
+
+# Offsets (points) tried in turn for a label, nearest first: right, above, left, below, then diagonals.
+_OFFSETS = [(dx * r, dy * r) for r in (6, 14, 24, 36) for dx, dy in
+            ((1, 0.4), (0.3, 1), (-1, 0.4), (0.3, -1.6), (1, -1.2), (-1, -1.2), (-1, 1), (1, 1))]
+
+
+def place_labels(ax: Any, labels: list[tuple[float, float, str, dict]], markers: list[tuple[float, float]],
+                 marker_radius: float = 6.0) -> list[Any]:
+    """Annotate each ``(x, y, text, text_kwargs)`` in data coordinates at the first offset where the
+    label overlaps no label placed before it, no marker (``markers``, in data coordinates, each a
+    square of ``marker_radius`` points around it) and not the legend, and stays inside the axes; where
+    none is free, at the offset with the least overlap. Call it after the legend and ``tight_layout``
+    (the layout it measures). Returns the annotations."""
+    fig = ax.figure
+    fig.canvas.draw()  # text extents need a renderer
+    renderer = fig.canvas.get_renderer()
+    to_px = fig.dpi / 72.0
+    box = ax.get_window_extent(renderer)
+    pad = marker_radius * to_px
+    centres = ax.transData.transform(markers) if markers else []
+    blocked = [(px - pad, py - pad, px + pad, py + pad) for px, py in centres]
+    legend = ax.get_legend()
+    if legend is not None:  # drawn already: its box is taken
+        e = legend.get_window_extent(renderer)
+        blocked.append((e.x0, e.y0, e.x1, e.y1))
+    placed = []
+    for x, y, text, kwargs in labels:
+        best = None
+        for dx, dy in _OFFSETS:
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), **kwargs)
+            e = note.get_window_extent(renderer)
+            rect = (e.x0, e.y0, e.x1, e.y1)
+            cost = sum(_overlap(rect, other) for other in blocked)
+            cost += 1e6 * (e.x0 < box.x0 or e.x1 > box.x1 or e.y0 < box.y0 or e.y1 > box.y1)
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, note, rect)
+            else:
+                note.remove()
+            if cost == 0:
+                break
+        assert best is not None
+        blocked.append(best[2])
+        placed.append(best[1])
+    return placed
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    """Area shared by two rectangles (x0, y0, x1, y1)."""
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))

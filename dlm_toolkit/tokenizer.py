@@ -165,8 +165,10 @@ def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-# the files ``from_pretrained`` reads from a folder: each must lie inside it
-_READ_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+# the files ``from_pretrained`` reads from a folder: each must lie inside it (``chat_template.jinja``
+# holds the chat template and wins over ``chat_template`` in tokenizer_config.json, as in transformers)
+_READ_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+               "chat_template.jinja", "chat_template.json", "additional_chat_templates")
 
 
 def _from_folder(path: Path) -> PreTrainedTokenizerFast:
@@ -185,7 +187,9 @@ def find_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast | None:
     """The tokenizer stored in a checkpoint folder, or None when it has no ``tokenizer.json``.
 
     Any ``tokenizers``-format tokenizer loads (our character one or a real model's BPE); no
-    remote code is ever run.
+    remote code is ever run. Its ``chat_template`` is the folder's chat template when it has one
+    (``chat_template.jinja``, else ``chat_template`` in ``tokenizer_config.json``; see
+    :mod:`dlm_toolkit.chat`), else None.
     """
     path = Path(directory)
     if not (path / "tokenizer.json").exists():

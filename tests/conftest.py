@@ -6,6 +6,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # lm-eval tasks over local JSONL files
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "conformance" / "llada2_tiny"

@@ -1,14 +1,15 @@
-"""README "Full scale": its CPU commands run as written (torchrun decode = single-process decode,
+"""README "Full scale": its CPU commands run as written from a fresh shell (torchrun decode = single-process decode,
 the benchmark's smoke shape alone and on 2 gloo ranks) and its memory table matches the shapes."""
 
 import json
-import re
 import shlex
+import subprocess
 import sys
 
 import pytest
 import torch
-from tp_worker import DLM, REPO, TORCHRUN, run_bounded
+import readme_shell
+from tp_worker import REPO, run_bounded
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import full_scale  # noqa: E402
@@ -18,24 +19,18 @@ from dlm_toolkit.models import TensorParallel, load_model  # noqa: E402
 
 
 def full_scale_section() -> str:
-    text = (REPO / "README.md").read_text()
-    return text[text.index("## Full scale\n"):].split("\n## ", 1)[0]
+    return readme_shell.section("Full scale")
 
 
 def cpu_commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.+?)\n```", full_scale_section(), re.S)
+    blocks = readme_shell.bash_blocks(full_scale_section())
     assert len(blocks) == 1
     return blocks[0].splitlines()
 
 
-def argv(command: str) -> list[str]:
-    """A README line as this test machine runs it: ``torchrun`` and ``python`` from this venv."""
-    words = shlex.split(command)
-    if words[0] == "torchrun":
-        words = [*TORCHRUN, *[DLM if w == "dlm" else w for w in words[1:]]]
-    elif words[0] == "python":
-        words = [sys.executable, *words[1:]]
-    return words
+def run_line(line: str) -> subprocess.CompletedProcess:
+    """A README line as written, from a fresh shell after README's activation line."""
+    return readme_shell.run(line, timeout=120)
 
 
 def command(start: str) -> str:
@@ -48,7 +43,7 @@ def records(stdout: str) -> list[dict]:
 
 def readme_torchrun_vs_single(line: str, capsys) -> tuple[dict, dict]:
     """(what the README's 2-rank line prints, what the same dlm command prints in this process)"""
-    proc = run_bounded(argv(line))
+    proc = run_line(line)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [both] = records(proc.stdout)  # one line: rank 1 is quiet
     words = shlex.split(line)
@@ -77,7 +72,7 @@ def check_records(rows: list[dict], world: int) -> None:
 
 
 def test_readme_benchmark_smoke_runs_every_batch_and_preset():
-    proc = run_bounded(argv(command("python benchmarks/full_scale.py --cpu-smoke")))
+    proc = run_line(command("python benchmarks/full_scale.py --cpu-smoke"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = records(proc.stdout)
     assert [(r["preset"], r["batch"]) for r in rows] == [("Q", 1), ("Q", 8), ("S", 1), ("S", 8)]
@@ -87,7 +82,7 @@ def test_readme_benchmark_smoke_runs_every_batch_and_preset():
 def test_readme_benchmark_roundtrip_saves_the_official_format_and_decodes_the_same(tmp_path):
     line = command("python benchmarks/full_scale.py --cpu-smoke --json --layers 2")
     folder = tmp_path / "rt"
-    proc = run_bounded(argv(line.replace("runs/smoke-roundtrip", str(folder))))
+    proc = run_line(line.replace("runs/smoke-roundtrip", str(folder)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     *rows, trip = records(proc.stdout)
     assert [(r["preset"], r["batch"], r["layers"]) for r in rows] == [("Q", 2, 2), ("S", 2, 2)]
@@ -104,7 +99,7 @@ def test_readme_benchmark_roundtrip_saves_the_official_format_and_decodes_the_sa
 
 
 def test_readme_benchmark_smoke_on_two_gloo_ranks():
-    proc = run_bounded(argv(command("torchrun --standalone --nproc-per-node 2 benchmarks/full_scale.py")))
+    proc = run_line(command("torchrun --standalone --nproc-per-node 2 benchmarks/full_scale.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = records(proc.stdout)
     assert [(r["preset"], r["batch"]) for r in rows] == [("S", 8)]

@@ -1,14 +1,22 @@
-"""Sweeps beyond one machine, against real servers: Optuna on PostgreSQL, MLflow behind `mlflow server`
-(its backend in the same PostgreSQL, artifacts served by the server), workers on two "hosts"
-(separate working folders and process groups), one of them SIGKILLed mid-sweep and restarted."""
+"""Sweeps beyond one machine, against real servers set up by README's "Scale out" block as written:
+Optuna on PostgreSQL, MLflow behind `mlflow server` (its backend in the same PostgreSQL, artifacts
+served by the server), every client reaching them by this machine's host name rather than 127.0.0.1;
+workers on two "hosts" (separate working folders and process groups), one of them SIGKILLed mid-sweep
+and restarted."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import random
+import secrets
+import shlex
 import signal
+import socket
 import subprocess
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +25,7 @@ from optuna.trial import TrialState
 from dlm_toolkit.sweep.storage import load_study
 from dlm_toolkit.sweep.trials import is_counted
 
+import readme_shell
 import servers
 import sweep_helpers as h
 
@@ -30,11 +39,132 @@ def postgresql_installed():
                     "(bash scripts/test.sh installs it)", pytrace=False)
 
 
+def readme_steps() -> dict[str, str]:
+    """README's scale-out block cut at its comment lines: ``settings`` (before ``pip install``),
+    ``install``, and ``1`` .. ``5``, each the lines as written."""
+    [block] = readme_shell.bash_blocks(readme_shell.section("Scale out"))
+    lines = block.splitlines()
+    install = next(i for i, line in enumerate(lines) if line.startswith("pip install"))
+    steps = {"settings": "\n".join(lines[:install]), "install": lines[install]}
+    starts = [i for i, line in enumerate(lines) if line[:4] in {f"# {k}." for k in range(1, 10)}]
+    for a, b in zip(starts, [*starts[1:], len(lines)]):
+        steps[lines[a][2]] = "\n".join(lines[a:b])
+    return steps
+
+
+def settings_line(values: dict[str, str]) -> str:
+    """README's settings line with other values: the same variables, in the same order."""
+    names = [w.split("=", 1)[0] for w in shlex.split(readme_steps()["settings"], comments=True)
+             if "=" in w]
+    assert sorted(names) == sorted(values), (names, sorted(values))
+    return "export " + " ".join(f"{k}={shlex.quote(values[k])}" for k in names)
+
+
+class ReadmeServers:
+    """README steps 1 and 2 with this machine's host name, free ports and folders of its own."""
+
+    def __init__(self) -> None:
+        host = socket.gethostname()
+        socket.getaddrinfo(host, None)  # README's recipe needs host names every host resolves
+        self.folder = Path(tempfile.mkdtemp(prefix="dlm-readme-servers-"))  # pytest's are private to root
+        self.user = "postgres" if os.geteuid() == 0 else None  # what README tells root to do
+        if self.user:
+            entry = pwd.getpwnam(self.user)
+            os.chown(self.folder, entry.pw_uid, entry.pw_gid)
+        self.values = {"DB_HOST": host, "DB_PORT": str(servers.free_port()), "MLFLOW_HOST": host,
+                       "MLFLOW_PORT": str(servers.free_port()), "DASHBOARD_PORT": str(servers.free_port()),
+                       "PGUSER": "dlm", "PGPASSWORD": secrets.token_hex(8), "PGDATA": str(self.folder / "pg"),
+                       "ARTIFACTS": str(self.folder / "artifacts"), "EXPERIMENT": str(self.folder / "exp.yaml")}
+        self.settings = settings_line(self.values)
+        self.steps = readme_steps()
+        self.mlflow: subprocess.Popen | None = None
+        self.storage = f"postgresql://dlm@{host}:{self.values['DB_PORT']}/optuna"
+        self.tracking = f"http://{host}:{self.values['MLFLOW_PORT']}"
+        self.env = readme_shell.fresh_env()
+
+    def shell(self, step: str, **kwargs) -> subprocess.CompletedProcess:
+        done = readme_shell.run(f"{self.settings}\n{self.steps[step]}", **kwargs)
+        assert done.returncode == 0, f"README step {step}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done
+
+    def start(self) -> None:
+        self.shell("1", user=self.user, activate=False, timeout=120)  # PostgreSQL needs no venv
+        self.mlflow = readme_shell.start(f"{self.settings}\n{self.steps['2']}\nwait")
+        deadline = time.time() + 120
+        while True:
+            assert self.mlflow.poll() is None, self.mlflow.communicate()[1][-3000:]
+            try:
+                if urllib.request.urlopen(f"{self.tracking}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                assert time.time() < deadline, "mlflow server did not come up"
+                time.sleep(0.25)
+
+    def close(self) -> None:
+        if self.mlflow is not None:
+            readme_shell.stop(self.mlflow)
+        pg_path = next(line for line in self.steps["1"].splitlines() if line.startswith("export PATH="))
+        pg_stop = self.steps["5"].splitlines()[-1]  # the step's PostgreSQL line, as its user
+        readme_shell.run(f"{self.settings}\n{pg_path}\n{pg_stop}", user=self.user, activate=False, timeout=120)
+        subprocess.run(["rm", "-rf", str(self.folder)], check=False)
+
+
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("servers")
-    with servers.postgres_server() as pg, servers.mlflow_server(f"{pg}/mlflow", folder / "mlflow") as ml:
-        yield f"{pg}/optuna", ml
+def readme_servers():
+    started = ReadmeServers()
+    saved = os.environ.get("PGPASSWORD")
+    os.environ["PGPASSWORD"] = started.values["PGPASSWORD"]  # this process reads the study too
+    try:
+        started.start()
+        yield started
+    finally:
+        started.close()
+        if saved is None:
+            os.environ.pop("PGPASSWORD", None)
+        else:
+            os.environ["PGPASSWORD"] = saved
+
+
+@pytest.fixture(scope="module")
+def stores(readme_servers):
+    return readme_servers.storage, readme_servers.tracking
+
+
+def test_readme_sweep_and_dashboard_lines_run_as_written(readme_servers):
+    """Steps 3 and 4 verbatim (the experiment named in the settings line is a small one)."""
+    h.write_yaml(Path(readme_servers.values["EXPERIMENT"]), h.experiment(name="readme", n=8, n_trials=3, threads=1))
+    done = readme_servers.shell("3", timeout=300)
+    assert f"MLflow:  open {readme_servers.tracking}/#/experiments/" in done.stdout, done.stdout[-2000:]
+    assert sum(is_counted(t) for t in load_study(readme_servers.storage, "readme").get_trials()) == 3
+    dashboard = readme_shell.start(f"{readme_servers.settings}\n{readme_servers.steps['4']}\nwait")
+    try:
+        url = f"http://{readme_servers.values['DB_HOST']}:{readme_servers.values['DASHBOARD_PORT']}/api/studies"
+        deadline = time.time() + 60
+        while True:
+            assert dashboard.poll() is None, dashboard.communicate()[1][-3000:]
+            try:
+                body = urllib.request.urlopen(url, timeout=2).read().decode()
+                break
+            except OSError:
+                assert time.time() < deadline, "optuna-dashboard did not come up"
+                time.sleep(0.25)
+        assert '"study_name": "readme"' in body or '"study_name":"readme"' in body, body[:2000]
+    finally:
+        readme_shell.stop(dashboard)
+
+
+def test_the_test_environment_has_what_readme_installs_for_scale_out():
+    """The test runs README's lines without its `pip install` line (it would rebuild this very
+    environment): everything that line installs is already here."""
+    import importlib.metadata as md
+    import tomllib
+
+    install = readme_steps()["install"]
+    assert shlex.split(install, comments=True)[:4] == ["pip", "install", "-q", "-e"] and '".[scale]"' in install
+    extras = tomllib.loads((h.REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for requirement in extras["scale"]:
+        name, version = requirement.split("==")
+        assert md.version(name.split("[")[0]) == version, requirement
 
 
 def _host(folder: Path, storage: str, tracking: str, *extra: str) -> tuple[list[str], Path]:
@@ -101,7 +231,7 @@ def test_workers_on_two_hosts_one_killed_share_one_study_exactly(stores, tmp_pat
     assert len(measured) - len(set(measured)) <= 1
     runs = h.runs(tracking)
     assert [r.info.status for r in runs if r.info.status == "RUNNING"] == []
-    parents = [r for r in runs if r.data.tags.get("kind") == "study"]
+    parents = [r for r in runs if r.data.tags.get("kind") == "study" and r.data.tags.get("study_name") == "t"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     by_id = {r.info.run_id: r for r in runs}
     for t in complete:  # every finished trial has its closed run, tagged as in the SQLite case
@@ -132,10 +262,10 @@ def test_a_database_user_without_write_rights_gets_a_clear_error(stores, tmp_pat
     storage, tracking = stores
     server = storage.rsplit("/", 1)[0]
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute("CREATE ROLE reader LOGIN")
+        conn.execute("CREATE ROLE reader LOGIN PASSWORD 'reader-pw'")
         conn.execute("CREATE DATABASE readonly")  # owned by dlm; PostgreSQL 15 lets nobody else create tables
     f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=8, n_trials=2))
-    readonly = server.replace("dlm@", "reader@") + "/readonly"
+    readonly = server.replace("dlm@", "reader:reader-pw@") + "/readonly"
     r = h.dlm("sweep", str(f), "--storage", readonly, "--tracking-uri", tracking, "--no-progress", cwd=tmp_path,
               timeout=120)
     assert r.returncode == 2 and "storage" in r.stderr and "permission denied" in r.stderr.lower(), r.stderr[-2000:]

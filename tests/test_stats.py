@@ -88,6 +88,17 @@ def test_compare_json_pairs_the_same_instances(capsys):
     assert same["accuracy_diff"] == 0 and same["tpf_diff"] == 0 and same["mcnemar_p"] == 1.0
 
 
+def test_compare_names_the_overrides_that_make_the_policies_differ(capsys):
+    assert main(["compare", "--checkpoint", CHECKPOINT, "--task", "sort", "--n", "4", "--no-progress", "--n-boot", "100",
+                 "--a", "llada2.1-s", "--b", "llada2.1-s", "--set-b", "t2t.name=none",
+                 "--set-b", "m2t.params.threshold=0.6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    a = next(line for line in lines if line.startswith("  A "))
+    b = next(line for line in lines if line.startswith("  B "))
+    assert a.split()[1:3] == ["llada2.1-s", "accuracy"]
+    assert b.split()[1:7] == ["llada2.1-s", "+", "t2t.name=none", "+", "m2t.params.threshold=0.6", "accuracy"]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["eval", "--task", "humaneval", "--n", "165"], "164 eval instances"),
     (["compare", "--task", "humaneval", "--n", "500"], "164 eval instances"),

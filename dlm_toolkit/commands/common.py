@@ -4,6 +4,8 @@ taken from the command line. Subcommand modules import this one, never :mod:`dlm
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError, parse_value
@@ -82,3 +84,51 @@ def parse_ids(text: str) -> list[int]:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
         raise ConfigError(f"--prompt-ids: expected comma-separated integers, got {text!r}") from None
+
+
+def quiet_mlflow(verbose: bool = False) -> None:
+    """Keep MLflow from printing its two emoji links (run, experiment) each time a run against a
+    tracking server ends -- two lines per trial in a sweep; the commands print their own. Set in the
+    environment, so worker processes started later inherit it; ``verbose`` brings the links back, and
+    a value the user exported is left alone."""
+    if verbose:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "false"
+    else:
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def add_task_args(p: argparse.ArgumentParser) -> None:
+    """How a task reads its data and formats its prompts: ``--data``, ``--chat``, ``--system``,
+    ``--gen-length``, ``--unsafe-exec`` (see :func:`task_options`)."""
+    g = p.add_argument_group("task data and prompts")
+    g.add_argument("--data", help="benchmark tasks: the data file or folder (default: $DLM_DATA_DIR or ./data)")
+    g.add_argument("--chat", default="auto", choices=("auto", "true", "false"),
+                   help="format prompts with the checkpoint's chat template: auto (when it has one; default), true, false")
+    g.add_argument("--system", help="a system turn before each prompt (chat template only)")
+    g.add_argument("--gen-length", type=int, help="generation budget in tokens (default: the task's)")
+    g.add_argument("--unsafe-exec", action="store_true",
+                   help="code tasks (humaneval, mbpp, humaneval_plus, mbpp_plus): where the bubblewrap sandbox is "
+                        "unavailable, run generated code with process-level limits only (default: refuse)")
+
+
+def task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Constructor options of ``--task`` from :func:`add_task_args`' options, each refused for a
+    task that does not take it."""
+    from dlm_toolkit.tasks import TASKS, BenchmarkTask
+
+    cls = TASKS.get(args.task)
+    options: dict[str, Any] = {"chat": args.chat}
+    if args.system is not None:
+        options["system"] = args.system
+    if args.data is not None:
+        if cls is None or not issubclass(cls, BenchmarkTask):
+            takers = sorted(k for k, c in TASKS.items() if issubclass(c, BenchmarkTask))
+            raise ConfigError(f"--data: task '{args.task}' reads no data file (the benchmarks do: {', '.join(takers)})")
+        options["data"] = args.data
+    if args.gen_length is not None:
+        if args.gen_length <= 0:
+            raise ConfigError(f"--gen-length: must be >= 1 (got {args.gen_length})")
+        options["answer_length"] = args.gen_length
+    if args.unsafe_exec and cls is not None and "unsafe_exec" in inspect.signature(cls).parameters:
+        options["unsafe_exec"] = True
+    return options

@@ -11,7 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets
+from dlm_toolkit.commands.common import (add_import_arg, add_runtime_args, add_task_args, load_for_args,
+                                         parse_sets, task_options)
 from dlm_toolkit.config import ConfigError
 
 
@@ -25,7 +26,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.n_boot < 100:
         raise ConfigError(f"--n-boot: must be >= 100 (got {args.n_boot})")
-    task = get_task(args.task)
+    task = get_task(args.task, **task_options(args))
     check_n(task, args.n)
     policies = {"a": load_policy(args.a, parse_sets(args.set_a)), "b": load_policy(args.b, parse_sets(args.set_b))}
     if not Path(args.checkpoint).is_dir():
@@ -36,17 +37,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cmp = compare_outcomes(results["a"].records, results["b"].records, n_boot=args.n_boot, seed=args.seed)
     if args.json:
         out = {"task": task.name, "n": args.n, "seed": args.seed, "checkpoint": str(args.checkpoint),
-               "a": {"source": args.a, "policy_hash": policies["a"].config_hash(),
+               "a": {"source": args.a, "label": policy_label(args.a, args.set_a), "policy_hash": policies["a"].config_hash(),
                      "accuracy_interval": list(results["a"].accuracy_interval), **results["a"].metrics},
-               "b": {"source": args.b, "policy_hash": policies["b"].config_hash(),
+               "b": {"source": args.b, "label": policy_label(args.b, args.set_b), "policy_hash": policies["b"].config_hash(),
                      "accuracy_interval": list(results["b"].accuracy_interval), **results["b"].metrics},
                "paired": cmp.to_dict()}
         print(json.dumps(out))
         return 0
     print(f"{task.name}, {args.n} eval instances (seed {args.seed}); B minus A, 95 % intervals")
+    labels = {k: policy_label(getattr(args, k), getattr(args, f"set_{k}")) for k in ("a", "b")}
+    width = max(24, *(len(v) for v in labels.values()))
     for k in ("a", "b"):
         m, (lo, hi) = results[k].metrics, results[k].accuracy_interval
-        print(f"  {k.upper()} {getattr(args, k):<24} accuracy {m['accuracy']:.4f} [{lo:.4f}, {hi:.4f}]  tpf {m['tpf']:.3f}")
+        print(f"  {k.upper()} {labels[k]:<{width}} accuracy {m['accuracy']:.4f} [{lo:.4f}, {hi:.4f}]  tpf {m['tpf']:.3f}")
     lo, hi = cmp.accuracy_diff_interval
     verdict = "differs" if cmp.accuracy_differs else "no significant difference"
     print(f"  accuracy  {cmp.accuracy_diff:+.4f} [{lo:+.4f}, {hi:+.4f}]  McNemar p={cmp.mcnemar_p:.4g} "
@@ -55,6 +58,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     verdict = "differs" if cmp.tpf_differs else "no significant difference"
     print(f"  tpf       {cmp.tpf_diff:+.3f} [{lo:+.3f}, {hi:+.3f}]  paired bootstrap: {verdict}")
     return 0
+
+
+def policy_label(source: str, overrides: list[str] | None) -> str:
+    """``"llada2.1-s + t2t.name=none"``: the preset or file and every override, so two policies that
+    differ only by ``--set-a``/``--set-b`` never print the same name."""
+    return " + ".join([source, *(o.strip() for o in overrides or [])])
 
 
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -77,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
     add_import_arg(p)
+    add_task_args(p)
     add_runtime_args(p)
     p.set_defaults(func=cmd_compare)
     return p

@@ -16,6 +16,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
     policy = policy_from_args(args)
     if args.prompt is not None:
         prompt_text(args.prompt)  # before the model loads
+    if args.system is not None:
+        prompt_text(args.system, "--system")
+    if (args.chat or args.system is not None) and args.prompt is None:
+        raise ConfigError("--chat/--system format a --prompt text; they do not apply to --prompt-ids")
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system: needs --chat (a system turn exists only in the chat template)")
     model, tokenizer = load_for_args(args, args.checkpoint, need_tokenizer=False,
                                      mask_token_id=args.mask_id, eos_token_id=args.eos_id)
     if args.prompt_ids is not None:
@@ -23,7 +29,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
     else:
         if tokenizer is None:
             raise ConfigError(f"{args.checkpoint} has no tokenizer files: use --prompt-ids instead of --prompt")
-        prompt = tokenizer.encode(args.prompt, add_special_tokens=False)
+        from dlm_toolkit.chat import encode_prompt, use_chat
+
+        chat = use_chat(tokenizer, "true" if args.chat else "false", "--chat")
+        prompt = encode_prompt(tokenizer, args.prompt, chat, args.system)
     result = decode(model, [prompt], policy, args.gen_length, kv_cache=not args.no_kv_cache, seed=args.seed,
                     allow_past_context=args.allow_past_context)
     row = result.rows[0]
@@ -50,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt-ids", help="comma-separated token ids")
     src.add_argument("--prompt", help="prompt text (needs tokenizer files in the checkpoint)")
     p.add_argument("--gen-length", type=int, required=True)
+    p.add_argument("--chat", action="store_true",
+                   help="format --prompt as a user turn with the checkpoint's chat template (as transformers' "
+                        "apply_chat_template(..., add_generation_prompt=True))")
+    p.add_argument("--system", help="with --chat: a system turn before the prompt")
     add_policy_args(p)
     p.add_argument("--mask-id", type=int, help="mask token id (default: from config.json or the tokenizer)")
     p.add_argument("--eos-id", type=int, help="EOS token id (default: from config.json or the tokenizer)")

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, policy_from_args
+from dlm_toolkit.commands.common import (add_policy_args, add_runtime_args, add_task_args, load_for_args,
+                                         policy_from_args, quiet_mlflow, task_options)
 from dlm_toolkit.config import ConfigError
 
 
@@ -18,13 +19,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size: must be >= 1 (got {args.batch_size})")
-    task = get_task(args.task, **({"unsafe_exec": True} if args.unsafe_exec and args.task == "humaneval" else {}))
+    task = get_task(args.task, **task_options(args))
     check_n(task, args.n)  # before the model loads
     policy = policy_from_args(args)
     if not Path(args.checkpoint).is_dir():
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
     if args.tracking_uri:
-        from dlm_toolkit.sweep.tracking import check_sqlite_folder
+        from dlm_toolkit.sweep.uris import check_sqlite_folder
+
+        quiet_mlflow()  # MLflow would print its links to stdout, into --json's one object
 
         check_sqlite_folder(args.tracking_uri, "--tracking-uri")
 
@@ -50,9 +53,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           "metric_name": task.metric_name, "seed": args.seed,
                           "batch_size": args.batch_size, "checkpoint": str(args.checkpoint),
                           "policy_hash": policy.config_hash(), "policy": policy.model_dump(mode="json"),
-                          "mlflow_run_id": run_id, "provenance": prov, "instances": result.outcomes()}))
+                          "mlflow_run_id": run_id, "provenance": prov, "chat": result.chat,
+                          "instances": result.outcomes()}))
     else:
         lo, hi = result.accuracy_interval
+        if result.chat:
+            print("prompts           through the checkpoint's chat template")
         print(f"accuracy          {m['accuracy']:.4f}  [{lo:.4f}, {hi:.4f}] 95 % Wilson ({task.metric_name} on "
               f"{m['n']} {task.name} eval instances, seed {args.seed})")
         print(f"tpf               {m['tpf']:.3f}  (generated tokens up to and including the first EOS, per forward)")
@@ -61,7 +67,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"edits_per_token   {m['edits_per_token']:.4f}")
         print(f"policy            {policy.config_hash()}")
         if run_id:
-            print(f"MLflow run {run_id} in {args.tracking_uri}")
+            print(f"MLflow run {run_id} in {args.tracking_uri}" + run_link(args.tracking_uri, run_id))
     return 0
 
 
@@ -80,10 +86,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--tracking-uri", help="log the evaluation as an MLflow run in this store")
-    p.add_argument("--unsafe-exec", action="store_true",
-                   help="humaneval: where the bubblewrap sandbox is unavailable, run generated code with "
-                        "process-level limits only (default: refuse)")
+    add_task_args(p)
     p.add_argument("--experiment-name", default="dlm-eval", help="MLflow experiment (default dlm-eval)")
     add_runtime_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_eval)
+
+
+def run_link(tracking_uri: str, run_id: str) -> str:
+    """``": <page>"`` for a run on a tracking server, else nothing (a SQLite store has no page until
+    ``mlflow ui`` serves it)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return ""
+    from mlflow import MlflowClient
+
+    from dlm_toolkit.sweep.tracking import run_page_url
+    from dlm_toolkit.sweep.uris import hide_web_password
+
+    experiment_id = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
+    return ": " + hide_web_password(run_page_url(tracking_uri, experiment_id, run_id))
+

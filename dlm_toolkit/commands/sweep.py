@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets
+from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets, quiet_mlflow
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings, trial_metrics, trial_plugin_hashes, trial_policy
 from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI
@@ -47,6 +47,8 @@ def register(sub: Any) -> None:
     p.add_argument("--devices", help="one worker per device, comma-separated (e.g. cuda:0,cuda:1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the front as JSON instead of a table")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print MLflow's own run and experiment links (two per trial with a tracking server)")
     add_import_arg(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -81,6 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dlm_toolkit.sweep.pareto import format_table
     from dlm_toolkit.sweep.study import run_sweep
 
+    quiet_mlflow(args.verbose)
     exp = load_experiment(args.experiment, parse_sets(args.set))
     if args.heartbeat < 1:
         raise ConfigError(f"--heartbeat: must be >= 1 second (got {args.heartbeat})")
@@ -107,17 +110,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def open_hints(storage: str, tracking_uri: str, study_name: str, experiment_id: str = "", run_id: str = "") -> str:
-    """Where to look next: the parent run's page in MLflow's machine-learning view (the default
-    GenAI view hides runs behind a switch), the Optuna dashboard and the front table."""
-    from dlm_toolkit.sweep.tracking import hide_password
+    """Where to look next: the parent run's page in MLflow's machine-learning view, the runs table
+    with the metric columns chosen, the Optuna dashboard and the front table."""
+    from dlm_toolkit.sweep.tracking import run_page_url, runs_table_url
+    from dlm_toolkit.sweep.uris import hide_password, hide_web_password
 
     served = tracking_uri.startswith(("http://", "https://"))
     base = tracking_uri.rstrip("/") if served else "http://127.0.0.1:5000"
-    page = f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning" if run_id else base
-    mlflow = (f"MLflow:  open {hide_password(page)}" if served else
+    page = hide_web_password(run_page_url(base, experiment_id, run_id) if run_id else base)
+    mlflow = (f"MLflow:  open {page}" if served else
               f"MLflow:  mlflow ui --backend-store-uri {tracking_uri} --workers 1   then open {page}")
+    lines = [mlflow + f"   (parent run 'study-{study_name}')"]
+    if experiment_id:
+        lines.append(f"         runs table with accuracy, tpf and nfe_mean columns: "
+                     f"{hide_web_password(runs_table_url(base, experiment_id))}")
     return "\n".join([
-        mlflow + f"   (parent run 'study-{study_name}')",
+        *lines,
         f"Optuna:  optuna-dashboard {hide_password(storage)}   (pip install optuna-dashboard)",
         f"Front:   dlm pareto --storage {hide_password(storage)} --study-name {study_name}",
     ])
@@ -146,7 +154,8 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: str) -> str | None:
     """Log the front to the study's parent run; None (with a note) when there is none."""
-    from dlm_toolkit.sweep.tracking import Tracker, sqlite_file
+    from dlm_toolkit.sweep.tracking import Tracker
+    from dlm_toolkit.sweep.uris import sqlite_file
 
     db = sqlite_file(tracking_uri) if tracking_uri.startswith("sqlite") else None
     if db is not None and not db.exists():

@@ -368,6 +368,8 @@ def figure(summary: ParetoSummary) -> Any:
     """The matplotlib figure of :func:`plot` (the caller closes it)."""
     import matplotlib.pyplot as plt  # matplotlib picks a headless backend by itself when there is no display
 
+    from dlm_toolkit.plots import place_labels
+
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     pts = [p for p in summary.points if "accuracy" in p.metrics and "tpf" in p.metrics]
     everything = stacks(pts)
@@ -378,26 +380,23 @@ def figure(summary: ParetoSummary) -> Any:
                    key=lambda p: p.metrics["tpf"])
     front_stacks = stacks(front)
     on_front = {(x, y) for x, y, _ in front_stacks}
-    for x, y, trials in everything:
-        if len(trials) > 1 and (x, y) not in on_front:
-            ax.annotate(f"x{len(trials)}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color="0.4")
-    if front:
-        xs = [p.metrics["tpf"] for p in front]
-        ys = [p.metrics["accuracy"] for p in front]
-        ax.step(xs, ys, where="pre", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
-        ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
-        _interval_bars(ax, front, "tab:blue")
-        for x, y, trials in front_stacks:
-            ax.annotate(stack_label(trials), (x, y), textcoords="offset points", xytext=(3, -10), fontsize=7,
-                        color="tab:blue")
+    labels: list[tuple[float, float, str, dict]] = []  # placed last, around every marker
     for i, (name, pt) in enumerate(summary.presets.items()):
         if pt is None:
             continue
         ax.scatter([pt.metrics["tpf"]], [pt.metrics["accuracy"]], s=90, marker="*", zorder=5,
                    color=f"C{(i + 1) % 10}", edgecolor="k", label=f"preset {name}")
         _interval_bars(ax, [pt], f"C{(i + 1) % 10}")
-        ax.annotate(name, (pt.metrics["tpf"], pt.metrics["accuracy"]), textcoords="offset points",
-                    xytext=(6, 6), fontsize=8)
+        labels.append((pt.metrics["tpf"], pt.metrics["accuracy"], name, {"fontsize": 8}))
+    if front:
+        xs = [p.metrics["tpf"] for p in front]
+        ys = [p.metrics["accuracy"] for p in front]
+        ax.step(xs, ys, where="pre", color="tab:blue", lw=1.5, zorder=3, label="front (accuracy, TPF)")
+        ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
+        _interval_bars(ax, front, "tab:blue")
+        labels += [(x, y, stack_label(trials), {"fontsize": 7, "color": "tab:blue"}) for x, y, trials in front_stacks]
+    labels += [(x, y, f"x{len(trials)}", {"fontsize": 6, "color": "0.4"})
+               for x, y, trials in everything if len(trials) > 1 and (x, y) not in on_front]
     ax.set_xlabel("TPF (generated tokens up to first EOS / forward)")
     ax.set_ylabel("accuracy (bars: 95 % Wilson interval)")
     title = f"{summary.study_name}: speed–quality trade-off"
@@ -407,6 +406,9 @@ def figure(summary: ParetoSummary) -> Any:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    markers = [(x, y) for x, y, _ in everything] + [(p.metrics["tpf"], p.metrics["accuracy"])
+                                                   for p in summary.presets.values() if p is not None]
+    place_labels(ax, labels, markers)
     return fig
 
 

@@ -17,7 +17,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
-from dlm_toolkit.sweep.tracking import check_sqlite_folder, creation_lock, first_line, hide_password
+from dlm_toolkit.sweep.uris import check_sqlite_folder, creation_lock, first_line, hide_password
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -62,7 +62,7 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
 
 def new_sqlite_files(*urls: str) -> list[Path]:
     """The SQLite database files ``urls`` name that do not exist yet (a command may create them)."""
-    from dlm_toolkit.sweep.tracking import sqlite_file
+    from dlm_toolkit.sweep.uris import sqlite_file
 
     files = [sqlite_file(url) for url in urls]
     return [f for f in files if f is not None and not f.exists()]
@@ -97,7 +97,7 @@ def load_study(storage: str | Any, study_name: str) -> Any:
     import optuna
 
     if isinstance(storage, str):
-        from dlm_toolkit.sweep.tracking import sqlite_file
+        from dlm_toolkit.sweep.uris import sqlite_file
 
         check_sqlite_folder(storage, "storage")
         db = sqlite_file(storage)

@@ -55,7 +55,8 @@ from dlm_toolkit.sweep.params import enqueue_presets
 from dlm_toolkit.sweep.storage import new_sqlite_files, remove_unused
 from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
                                        StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
-from dlm_toolkit.sweep.tracking import Tracker, TrackingLost, check_sqlite_folder, hide_password
+from dlm_toolkit.sweep.tracking import Tracker, TrackingLost
+from dlm_toolkit.sweep.uris import check_sqlite_folder, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
 from dlm_toolkit.sweep.worker import dismiss, run_workers, worker_command
 

@@ -84,6 +84,15 @@ class _Pruned(Exception):
     pass
 
 
+def trial_line(number: int, state: str, metrics: Mapping[str, float], preset: str | None = None,
+               note: str = "") -> str:
+    """The one line a sweep prints per finished trial."""
+    extra = [f"preset {preset}"] if preset else []
+    extra += [note] if note else []
+    return (f"trial {number} {state}  accuracy {metrics['accuracy']:.4f}  tpf {metrics['tpf']:.3f}  "
+            f"nfe_mean {metrics['nfe_mean']:.2f}" + (f"  ({'; '.join(extra)})" if extra else ""))
+
+
 class TrialRunner:
     """Runs trials of one study in this process: model loaded once, one MLflow run per trial."""
 
@@ -149,6 +158,7 @@ class TrialRunner:
                 trial.set_user_attr("outcomes", original.user_attrs.get("outcomes"))
                 trial.set_user_attr("duplicate_of", original.number)
                 run.finish("FINISHED", "COMPLETE", metrics, tags={"duplicate_of": original.number})
+                self.echo(trial_line(trial.number, "COMPLETE", metrics, preset, f"same policy as trial {original.number}"))
                 return [metrics[m] for m in exp.metric_names]
 
             def on_batch(n_done: int, running: Mapping[str, float]) -> None:
@@ -164,15 +174,13 @@ class TrialRunner:
             trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
             run.log_records(result.records)
             run.finish("FINISHED", "COMPLETE", metrics)
+            self.echo(trial_line(trial.number, "COMPLETE", metrics, preset))
             return [metrics[m] for m in exp.metric_names]
-        except _Pruned as pruned:
+        except (_Pruned, optuna.TrialPruned) as pruned:
             if run is not None:
                 run.finish("FINISHED", "PRUNED", tags={"pruned_at": str(pruned)})
+            self.echo(f"trial {trial.number} PRUNED: {pruned}")
             raise optuna.TrialPruned(str(pruned)) from None
-        except optuna.TrialPruned as pruned:
-            if run is not None:
-                run.finish("FINISHED", "PRUNED", tags={"pruned_at": str(pruned)})
-            raise
         except TrackingLost:  # not the policy's fault: retried like a killed trial, once the loop stops
             trial.set_user_attr("interrupted", True)
             raise

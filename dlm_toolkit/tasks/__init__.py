@@ -5,8 +5,11 @@
 >>> task.score(inst, inst.reference)
 1.0
 
-Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``, and
-three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick`` (see :data:`TASKS`). Every task's
+Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``,
+three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick``, and the
+benchmarks read from local files (:mod:`dlm_toolkit.tasks.data`): ``gsm8k``, ``gsm_plus``, ``math500``,
+``mbpp``, ``humaneval_plus``, ``mbpp_plus``, and ``lm_eval`` (any lm-evaluation-harness generate_until
+task; needs the ``eval`` extra) (see :data:`TASKS`). Every task's
 train and eval splits are disjoint by construction (see :mod:`dlm_toolkit.tasks.base`). Chance
 level (random guessing) is ~0 for all of them; :meth:`Task.chance_score` measures it.
 """
@@ -17,16 +20,31 @@ from typing import Any
 
 from .add import AddTask
 from .base import Instance, Split, Task, split_of
+from .data import BenchmarkTask, DataError
 from .either import EitherTask
+from .gsm8k import GSM8KTask, GSMPlusTask
 from .humaneval import HumanEvalTask
+from .lm_eval_task import LmEvalTask
+from .math500 import Math500Task
+from .mbpp import HumanEvalPlusTask, MBPPPlusTask, MBPPTask
 from .pick import PickTask
 from .sort import SortTask
 from .sudoku import SudokuTask
 from .tiesort import TieSortTask
 
 __all__ = [
+    "BENCHMARKS",
     "TASKS",
     "AddTask",
+    "BenchmarkTask",
+    "DataError",
+    "GSM8KTask",
+    "GSMPlusTask",
+    "HumanEvalPlusTask",
+    "LmEvalTask",
+    "MBPPPlusTask",
+    "MBPPTask",
+    "Math500Task",
     "EitherTask",
     "PickTask",
     "HumanEvalTask",
@@ -40,22 +58,48 @@ __all__ = [
     "split_of",
 ]
 
+BENCHMARKS: tuple[type[Task], ...] = (GSM8KTask, GSMPlusTask, Math500Task, MBPPTask, HumanEvalPlusTask, MBPPPlusTask)
+"""The benchmark tasks (data read from local files)."""
+
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask, PickTask)
+    cls.name: cls
+    for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask, PickTask, *BENCHMARKS, LmEvalTask)
 }
 """Task name -> task class."""
+
+PROMPT_OPTIONS = ("chat", "system")
+"""Options every task takes besides its constructor's (see :mod:`dlm_toolkit.chat`)."""
 
 
 def get_task(name: str, **kwargs: Any) -> Task:
     """Instantiate the task registered as ``name`` with constructor ``kwargs``.
 
+    ``chat`` (``auto``/``true``/``false``, default ``auto``) and ``system`` (a system turn) are
+    accepted by every task: they say how its prompts are formatted (:mod:`dlm_toolkit.chat`).
+
     Raises:
         ValueError: for an unknown name; the message lists the available names.
     """
+    from dlm_toolkit.chat import parse_chat_mode
+
     try:
         cls = TASKS[name]
     except KeyError:
         raise ValueError(
             f"unknown task {name!r}; available tasks: {', '.join(sorted(TASKS))}"
         ) from None
-    return cls(**kwargs)
+    chat = parse_chat_mode(kwargs.pop("chat", "auto"), "chat")
+    system = kwargs.pop("system", None)
+    if system is not None and not isinstance(system, str):
+        raise ValueError(f"system: must be a string (got {system!r})")
+    try:
+        task = cls(**kwargs)
+    except TypeError as e:  # a missing or unknown constructor option
+        import inspect
+
+        from dlm_toolkit.config import ConfigError
+
+        options = ", ".join(p for p in inspect.signature(cls).parameters)
+        raise ConfigError(f"task '{name}': {e} (its options: {options}, plus chat, system)") from None
+    task.chat, task.system = chat, system
+    return task

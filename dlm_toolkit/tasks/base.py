@@ -77,6 +77,10 @@ class Task(ABC):
     answer_alphabet: ClassVar[str] = ""
     eval_size: ClassVar[int | None] = None  # distinct eval instances; None: generated without limit
     answer_length: int
+    # Prompting (set by ``get_task(name, chat=..., system=...)``; see :mod:`dlm_toolkit.chat`):
+    chat: str = "auto"  # auto | true | false: format prompts with the checkpoint's chat template
+    system: str | None = None  # system turn prepended in chat mode
+    stop: tuple[str, ...] = ()  # text that ends a completion (and the decode of further blocks)
     _parallel_scoring: ClassVar[bool] = False  # score_batch uses threads (subprocess scoring)
 
     # ----------------------------------------------------------------- generation
@@ -109,6 +113,11 @@ class Task(ABC):
     @abstractmethod
     def _sample(self, rng: random.Random, split: Split) -> Instance | None:
         """Draw one candidate from ``rng`` (``None`` = rejected early, e.g. wrong split)."""
+
+    def user_message(self, instance: Instance) -> str:
+        """What the user turn says when the prompt goes through a chat template: by default the
+        plain prompt; benchmarks whose raw prompt is completion-style give an instruction."""
+        return instance.meta.get("chat_prompt", instance.prompt)
 
     def canonical_key(self, instance: Instance) -> str:
         """The problem's identity for the train/eval split; by default its prompt."""

@@ -1,0 +1,1 @@
+"""Bridges to other tools (imported on demand only: each needs its optional extra)."""

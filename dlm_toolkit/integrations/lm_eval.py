@@ -1,0 +1,300 @@
+"""lm-evaluation-harness model ``dlm``: any lm-eval ``generate_until`` task decoded with a policy of ours.
+
+Install the extra (``pip install -e ".[eval]"``, lm-eval pinned), then either the CLI::
+
+    dlm-lm-eval --model dlm --model_args checkpoint=DIR,preset=llada2.1-q,set=m2t.params.threshold=0.8,\\
+        device=cuda,dtype=bfloat16 --batch_size 8 --tasks gsm8k [--apply_chat_template]
+
+(``dlm-lm-eval`` is lm-eval's own command line, ``lm_eval ...``, with this model registered first:
+lm-eval 0.4.13 discovers models only among its own modules, so ``lm_eval --model dlm`` itself
+cannot find it), or Python::
+
+    import dlm_toolkit.integrations.lm_eval  # registers "dlm"
+    lm_eval.simple_evaluate(model="dlm", model_args="checkpoint=DIR,preset=llada2.1-q", tasks=[...])
+
+Model arguments: ``checkpoint`` (required), ``preset`` or ``policy`` (a policy file), ``set``
+(``KEY=VALUE``, several joined by ``;``), ``device``, ``dtype``, ``threads``, ``seed`` (row
+streams: request i draws from ``row_seed(seed, i)``), ``stop_every`` (blocks between stop-string
+checks), ``kv_cache``, ``tracking_uri`` (MLflow; default ``$MLFLOW_TRACKING_URI`` when set) and
+``experiment_name``; lm-eval's ``--batch_size`` is the decode batch.
+
+``generate_until`` decodes batches of requests with the policy, stops each row at the request's
+``until`` strings or EOS (its further blocks are not decoded: :mod:`dlm_toolkit.generate`) and at
+``max_gen_toks`` tokens. Per request NFE, tokens, TPF and how it stopped, and the totals (TPF,
+tokens/s), go into the results under ``config.dlm`` (and into MLflow when a tracking URI is set).
+``loglikelihood`` (multiple-choice and perplexity tasks) is refused with one message: a diffusion
+LM has no exact likelihood here. Under ``torchrun`` every rank decodes every request on its shard
+of the model; only rank 0 prints and writes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Sequence
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from dlm_toolkit.chat import chat_text, has_chat_template
+from dlm_toolkit.config import ConfigError, parse_value
+from dlm_toolkit.generate import generate, validate_stops
+
+__all__ = ["DlmLM", "main", "write_gsm8k_task"]
+
+DEFAULT_MAX_GEN_TOKS = 256
+LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm-eval's CLI passes this unless --device says otherwise
+
+
+class UnsupportedRequest(ConfigError):
+    """An lm-eval request type the dlm model does not serve."""
+
+
+def _sets(text: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in (text or "").split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"model_args set: expected KEY=VALUE[;KEY=VALUE...], got {item!r}")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+@register_model("dlm")
+class DlmLM(LM):
+    """lm-eval model over a dlm-toolkit checkpoint and decoding policy (see the module docstring)."""
+
+    def __init__(self, checkpoint: str, preset: str | None = None, policy: str | None = None, set: str | None = None,
+                 device: str | None = None, dtype: str | None = None, batch_size: int | str = 8,
+                 max_batch_size: int | None = None, seed: int = 0, threads: int | None = None, stop_every: int = 1,
+                 kv_cache: bool = True, tracking_uri: str | None = None, experiment_name: str = "dlm-lm-eval",
+                 **unused: Any) -> None:
+        super().__init__()
+        from dlm_toolkit.distributed import init_from_env
+        from dlm_toolkit.evaluate import load_checkpoint
+        from dlm_toolkit.policy import DecodingPolicy
+        from dlm_toolkit.policy_config import load_policy
+        from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
+
+        if preset and policy:
+            raise ConfigError("model_args: give preset or policy, not both")
+        self.config = load_policy(policy or preset, _sets(set))
+        self.policy = DecodingPolicy(self.config)
+        self.batch_size = 8 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size: must be >= 1 (got {batch_size!r})")
+        self.seed, self.stop_every, self.kv_cache = int(seed), int(stop_every), bool(kv_cache)
+        resolve_threads(threads, small_model=True)
+        tp, dev = init_from_env(device)
+        self.model, self.tokenizer = load_checkpoint(checkpoint, device=dev, dtype=resolve_dtype(dtype, dev), tp=tp)
+        apply_threads(resolve_threads(threads, small_model=is_small(self.model)))
+        self.checkpoint = str(checkpoint)
+        self._device = dev
+        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        self.experiment_name = experiment_name
+        self.requests_log: list[dict[str, Any]] = []
+        self.wall = 0.0
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "DlmLM":
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> "DlmLM":
+        """``model_args`` win over lm-eval's ``--batch_size``/``--device``; lm-eval's own default
+        device (``cuda:0``, passed even when nobody asked for it) means the CPU where there is no GPU."""
+        import torch
+
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        if extra.get("device") == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
+            extra.pop("device")
+        return cls(**arg_dict, **extra)
+
+    # -- what lm-eval asks ------------------------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return f"dlm:{self.checkpoint}"
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.tokenizer.chat_template if has_chat_template(self.tokenizer) else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if not has_chat_template(self.tokenizer):
+            raise ConfigError(f"--apply_chat_template: the checkpoint {self.checkpoint} has no chat template")
+        if add_generation_prompt:
+            return chat_text(self.tokenizer, chat_history)
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False, continue_final_message=True)
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        raise UnsupportedRequest(
+            "lm-eval task needs loglikelihood (multiple-choice or perplexity), which the dlm model does not serve: "
+            "a diffusion LM has no exact likelihood here; use a generate_until task (e.g. gsm8k, mbpp, a "
+            "generative variant such as *_cot or *_generative of the same benchmark)")
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        return self.loglikelihood(requests)  # type: ignore[return-value]
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        from dlm_toolkit.chat import encode_prompt
+        from dlm_toolkit.evaluate import check_task_context
+        from dlm_toolkit.state import row_seed
+
+        jobs = []
+        for i, req in enumerate(requests):
+            context, kwargs = req.args[0], dict(req.args[1] or {})
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            stops = validate_stops(until, "until")
+            max_gen = kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", DEFAULT_MAX_GEN_TOKS))
+            if isinstance(max_gen, bool) or not isinstance(max_gen, int) or max_gen < 1:
+                raise ConfigError(f"max_gen_toks: must be an integer >= 1 (got {max_gen!r})")
+            ids = encode_prompt(self.tokenizer, context, False)  # a chat template, if asked, is already applied
+            check_task_context(self.model, len(ids) + max_gen, self.policy, "lm-eval request (prompt + max_gen_toks)")
+            jobs.append((i, ids, stops, max_gen))
+        out: list[str] = [""] * len(requests)
+        # requests that share stop strings and budget decode together, in request order
+        groups: dict[tuple[tuple[str, ...], int], list[tuple[int, list[int]]]] = {}
+        for i, ids, stops, max_gen in jobs:
+            groups.setdefault((stops, max_gen), []).append((i, ids))
+        bar = tqdm(total=len(jobs), desc="dlm generate_until", disable=disable_tqdm or not _is_main())
+        for (stops, max_gen), members in groups.items():
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start : start + self.batch_size]
+                rows, wall = generate(self.model, self.tokenizer, [ids for _, ids in chunk], self.policy, max_gen,
+                                      stop=stops, seeds=[row_seed(self.seed, i) for i, _ in chunk],
+                                      kv_cache=self.kv_cache, stop_every=self.stop_every)
+                self.wall += wall
+                for (i, _), row in zip(chunk, rows):
+                    out[i] = row.text
+                    self.requests_log.append({"request": i, "nfe": row.nfe, "tokens": len(row.tokens),
+                                              "tpf": len(row.tokens) / max(row.nfe, 1), "edits": row.edits,
+                                              "stopped": row.stopped, "blocks_skipped": row.blocks_skipped})
+                    self.cache_hook.add_partial("generate_until", requests[i].args, row.text)
+                bar.update(len(chunk))
+        bar.close()
+        return out
+
+    # -- what goes into the results -----------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Totals over the requests decoded so far (TPF: tokens up to and including EOS per forward)."""
+        log = sorted(self.requests_log, key=lambda r: r["request"])
+        tokens, nfe = sum(r["tokens"] for r in log), sum(r["nfe"] for r in log)
+        return {"requests": len(log), "nfe_total": nfe, "nfe_mean": nfe / max(len(log), 1),
+                "tpf": tokens / max(nfe, 1), "tokens_per_second": tokens / self.wall if self.wall > 0 else 0.0,
+                "stopped_at_stop_string": sum(r["stopped"] == "stop" for r in log),
+                "stopped_at_eos": sum(r["stopped"] == "eos" for r in log),
+                "blocks_skipped": sum(r["blocks_skipped"] for r in log), "wall_time_s": self.wall}
+
+    def get_model_info(self) -> dict[str, Any]:
+        totals = self.stats()
+        info = {"dlm": {"checkpoint": self.checkpoint, "policy": self.config.model_dump(mode="json"),
+                        "policy_hash": self.config.config_hash(), **totals,
+                        "per_request": sorted(self.requests_log, key=lambda r: r["request"])}}
+        if self.tracking_uri and _is_main() and self.requests_log:
+            info["dlm"]["mlflow_run_id"] = self._log_mlflow(totals)
+        return info
+
+    def _log_mlflow(self, totals: dict[str, Any]) -> str:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(self.tracking_uri)
+        exp = client.get_experiment_by_name(self.experiment_name)
+        exp_id = exp.experiment_id if exp else client.create_experiment(self.experiment_name)
+        run = client.create_run(exp_id, tags={"kind": "lm-eval", "policy_hash": self.config.config_hash(),
+                                              "checkpoint": self.checkpoint})
+        for key, value in self.config.flat().items():
+            client.log_param(run.info.run_id, key, value)
+        for key in ("nfe_mean", "tpf", "tokens_per_second", "wall_time_s", "blocks_skipped"):
+            client.log_metric(run.info.run_id, key, float(totals[key]))
+        client.set_terminated(run.info.run_id)
+        return run.info.run_id
+
+
+GSM8K_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+num_fewshot: 0
+generation_kwargs:
+  until: ["Question:", "</s>", "<|im_end|>"]
+  max_gen_toks: {max_gen}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: false
+    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
+filter_list:
+  - name: "strict-match"
+    filter:
+      - function: "regex"
+        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
+      - function: "take_first"
+  - name: "flexible-extract"
+    filter:
+      - function: "regex"
+        group_select: -1
+        regex_pattern: "(-?[$0-9.,]{{2,}})|(-?[0-9]+)"
+      - function: "take_first"
+"""
+
+
+def write_gsm8k_task(folder: str | os.PathLike, data: str | os.PathLike, max_gen_toks: int = 256,
+                     name: str = "gsm8k_local") -> str:
+    """Write ``folder/<name>.yaml``: lm-eval's ``gsm8k`` task (v3: zero-shot prompt, stop strings,
+    strict/flexible filters, exact match) over a local GSM8K ``test.jsonl``, for ``--include_path
+    folder --tasks <name>`` where the hub is out of reach. Returns the task name."""
+    from pathlib import Path
+
+    path = Path(data).resolve()
+    if not path.is_file():
+        raise ConfigError(f"data: no GSM8K test.jsonl at {path}")
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.yaml").write_text(GSM8K_TASK.format(name=name, data=path, max_gen=int(max_gen_toks)))
+    return name
+
+
+def _is_main() -> bool:
+    from dlm_toolkit.distributed import is_main_process
+
+    return is_main_process()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dlm-lm-eval``: lm-eval's command line with the ``dlm`` model registered.
+
+    Bad input (our checks: a policy, a checkpoint, stop strings, ``max_gen_toks`` past the context,
+    a request type the model does not serve) exits 2 with one line. Under ``torchrun`` the model
+    joins the process group as it loads (:func:`dlm_toolkit.distributed.init_from_env`), which
+    silences ``stdout`` on ranks other than 0, and lm-eval then saves results on rank 0 only.
+    """
+    from lm_eval.__main__ import cli_evaluate
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    saved = sys.argv
+    sys.argv = ["lm_eval", *args]
+    try:
+        cli_evaluate()
+    except (ConfigError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = saved
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The one verdict of every code benchmark here (MBPP, HumanEval+, MBPP+): :func:`check_solution`.
+
+Contract: ``solution`` is the complete program that defines ``entry_point`` (HumanEval style:
+prompt + completion; MBPP: the completion); ``tests`` is self-contained test code that touches the
+candidate only by calling the function named ``entry_point``, with arguments and return values that
+are plain data (MBPP's asserts call it by name; HumanEval-style ``check(candidate)`` ends with
+``check(<entry_point>)``). That contract lets the sandbox run the candidate and the tests in two
+processes talking through a pipe; for now both run in one sandboxed process
+(:func:`dlm_toolkit.tasks.sandbox.run_python` of ``solution + tests``).
+
+Also here: extracting the program from a model's answer (:func:`extract_code`) and writing
+EvalPlus-style output-comparison tests as literals (:func:`output_tests`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import zlib
+from typing import Any, Sequence
+
+from .sandbox import SandboxResult, run_python
+
+__all__ = ["check_solution", "extract_code", "output_tests", "run_outputs"]
+
+
+def check_solution(solution: str, tests: str, entry_point: str, *, timeout_s: float, memory_mb: int,
+                   unsafe_exec: bool) -> SandboxResult:
+    """Run ``tests`` against ``solution`` in the sandbox; ``passed`` is the verdict.
+
+    Args:
+        solution: the complete candidate program (defines ``entry_point``).
+        tests: test code calling only ``entry_point``, with plain-data arguments and results.
+        entry_point: the function's name.
+        timeout_s / memory_mb: limits of the run.
+        unsafe_exec: allow running without bubblewrap where it is missing (process limits only).
+    """
+    if not entry_point.isidentifier():
+        raise ValueError(f"entry_point: {entry_point!r} is not a Python identifier")
+    return run_python(solution + "\n\n" + tests + "\n", timeout_s=timeout_s, memory_mb=memory_mb,
+                      unsafe_exec=unsafe_exec)
+
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|Python3?|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def extract_code(completion: str) -> str:
+    """The program in a model's answer: the first fenced code block (```python ... ```, an
+    unclosed fence runs to the end) when there is one, else the text as is."""
+    m = _FENCE.search(completion)
+    return m.group(1) if m else completion
+
+
+# Comparison used by the generated tests: exact, or (EvalPlus) within atol/rtol where the expected
+# value is a float or a list/tuple of floats (atol 1e-6 when the benchmark gives 0).
+_COMPARE = '''
+def _dlm_close(out, exp, atol):
+    def floats(x):
+        return isinstance(x, float) or (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, float) for i in x))
+    if out == exp:
+        return True
+    if not floats(exp):
+        return False
+    atol = atol or 1e-6
+    if type(out) is not type(exp):
+        return False
+    pairs = [(out, exp)] if isinstance(exp, float) else (list(zip(out, exp)) if len(out) == len(exp) else None)
+    if pairs is None:
+        return False
+    return all(isinstance(o, (int, float)) and abs(o - e) <= atol + 1e-07 * abs(e) for o, e in pairs)
+'''
+
+
+def output_tests(entry_point: str, inputs: Sequence[Sequence[Any]], expected: Sequence[str], atol: float) -> str:
+    """Test code comparing ``entry_point(*args)`` with each expected output.
+
+    ``inputs`` are argument lists of plain data (carried as a JSON literal and loaded as the
+    reference run loaded them, see :func:`run_outputs`); ``expected`` the ``repr`` of each
+    reference output, written as Python literals. Each case is compared with ``_dlm_close``
+    (exact, or within ``atol`` for floats, as EvalPlus does).
+    """
+    if len(inputs) != len(expected):
+        raise ValueError(f"{len(inputs)} inputs but {len(expected)} expected outputs")
+    lines = [_COMPARE, "import json as _dlm_json", "inf, nan = float('inf'), float('nan')",
+             f"_dlm_atol = {float(atol)!r}",
+             f"_dlm_inputs = _dlm_json.loads({json.dumps(json.dumps([list(a) for a in inputs]))})",
+             "_dlm_expected = ["]
+    lines += [f"    {exp}," for exp in expected]
+    lines += ["]",
+              "for _dlm_i, (_dlm_args, _dlm_exp) in enumerate(zip(_dlm_inputs, _dlm_expected)):",
+              f"    _dlm_out = {entry_point}(*_dlm_args)",
+              "    assert _dlm_close(_dlm_out, _dlm_exp, _dlm_atol), f'case {_dlm_i}: got {_dlm_out!r}'"]
+    return "\n".join(lines) + "\n"
+
+
+_MARK = "@@dlm-outputs@@"
+_TAIL_BUDGET = 3500  # the sandbox returns the last ~4000 characters of stdout: stay below
+
+
+def run_outputs(solution: str, entry_point: str, inputs: Sequence[Sequence[Any]], *, timeout_s: float,
+                memory_mb: int, unsafe_exec: bool) -> list[str]:
+    """The ``repr`` of ``entry_point(*args)`` for each argument list, computed by running the
+    (reference) ``solution`` in the sandbox: all inputs in one run when the (compressed) outputs
+    fit the sandbox's stdout tail, else halves of them, recursively.
+
+    Raises:
+        RuntimeError: the reference solution failed on an input (raised or timed out).
+    """
+    if not inputs:
+        return []
+    payload = json.dumps(json.dumps([list(a) for a in inputs]))
+    program = (solution + "\n\nimport json as _dlm_json, zlib as _dlm_zlib, base64 as _dlm_b64\n"
+               f"_dlm_in = _dlm_json.loads({payload})\n"
+               f"_dlm_out = _dlm_json.dumps([repr({entry_point}(*a)) for a in _dlm_in]).encode()\n"
+               f"print({_MARK!r} + _dlm_b64.b64encode(_dlm_zlib.compress(_dlm_out, 9)).decode())\n")
+    result = run_python(program, timeout_s=timeout_s, memory_mb=memory_mb, unsafe_exec=unsafe_exec)
+    if not result.passed:
+        raise RuntimeError(f"the reference solution of {entry_point} failed: {result.stderr_tail[-500:]}")
+    line = next((ln for ln in result.stdout_tail.splitlines() if ln.startswith(_MARK)), None)
+    if line is not None and len(line) < _TAIL_BUDGET:
+        return json.loads(zlib.decompress(base64.b64decode(line[len(_MARK):])))
+    if len(inputs) == 1:
+        raise RuntimeError(f"the reference output of {entry_point} on one input is too large to carry back")
+    half = len(inputs) // 2
+    kwargs = dict(timeout_s=timeout_s, memory_mb=memory_mb, unsafe_exec=unsafe_exec)
+    return run_outputs(solution, entry_point, inputs[:half], **kwargs) + \
+        run_outputs(solution, entry_point, inputs[half:], **kwargs)

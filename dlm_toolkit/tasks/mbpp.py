@@ -1,0 +1,238 @@
+"""MBPP (sanitized) and the EvalPlus sets HumanEval+ / MBPP+, scored by running tests in the sandbox.
+
+Every verdict goes through :func:`dlm_toolkit.tasks.code.check_solution`.
+
+* ``mbpp``: Google's ``sanitized-mbpp.json`` (``task_id``, ``prompt``, ``code``, ``test_imports``,
+  ``test_list``), test split task ids 11-510. Raw prompt: lm-eval's MBPP format (``You are an
+  expert Python programmer, and here is your task: ... [BEGIN]``, stop ``[DONE]``); chat: the task,
+  its tests and a request for a fenced code block. The program is the first fenced block of the
+  answer (or the answer); the tests are the benchmark's asserts.
+* ``humaneval_plus`` / ``mbpp_plus``: EvalPlus's ``HumanEvalPlus.jsonl`` / ``MbppPlus.jsonl``
+  (``task_id``, ``prompt``, ``entry_point``, ``canonical_solution``, ``base_input``,
+  ``plus_input``, ``atol``). The tests compare the candidate's output on every base and plus
+  input with the canonical solution's, computed once per problem by running it in the sandbox
+  (:func:`~dlm_toolkit.tasks.code.run_outputs`), exactly or within ``atol`` for floats, as
+  EvalPlus does. EvalPlus's per-problem special oracles (e.g. any root for HumanEval/32, set
+  equality for some MBPP+ problems) and its per-task input deserialisation (tuples) are not
+  reproduced: inputs are plain JSON data; on those few problems our verdict can be stricter.
+"""
+
+from __future__ import annotations
+
+import ast
+import threading
+from pathlib import Path
+from typing import Any
+
+from dlm_toolkit.config import ConfigError
+
+from .base import Instance
+from .code import check_solution, extract_code, output_tests, run_outputs
+from .data import BenchmarkTask, DataError, DataSource, read_json_records, read_jsonl
+from .sandbox import SandboxResult, check_isolation
+
+__all__ = ["CodeTask", "HumanEvalPlusTask", "MBPPTask", "MBPPPlusTask", "called_function"]
+
+MBPP_TEST_IDS = range(11, 511)
+CODE_REQUEST = "Write the Python function in one ```python code block."
+
+
+def called_function(tests: list[str], defined: set[str]) -> str | None:
+    """The first function defined in ``defined`` that the asserts call (MBPP's entry point)."""
+    for test in tests:
+        try:
+            tree = ast.parse(test)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
+                return node.func.id
+    return None
+
+
+def _defined_functions(code: str) -> set[str]:
+    try:
+        return {n.name for n in ast.walk(ast.parse(code)) if isinstance(n, ast.FunctionDef)}
+    except SyntaxError:
+        return set()
+
+
+class CodeTask(BenchmarkTask):
+    """A benchmark whose completions are programs checked by tests in the sandbox.
+
+    Args:
+        data, answer_length: see :class:`~dlm_toolkit.tasks.data.BenchmarkTask`.
+        timeout_s / memory_mb: limits of each test run.
+        unsafe_exec: run without bubblewrap where it is missing (process limits only); without
+            it such a machine refuses before anything is decoded.
+    """
+
+    metric_name = "pass@1"
+    _parallel_scoring = True
+
+    def __init__(self, data: str | Path | None = None, answer_length: int = 512, timeout_s: float = 10.0,
+                 memory_mb: int = 1024, unsafe_exec: bool = False) -> None:
+        if not timeout_s > 0 or not memory_mb > 0:
+            raise ConfigError(f"timeout_s and memory_mb must be > 0 (got {timeout_s!r}, {memory_mb!r})")
+        self.timeout_s, self.memory_mb, self.unsafe_exec = float(timeout_s), int(memory_mb), bool(unsafe_exec)
+        self.isolation = check_isolation(unsafe_exec)
+        super().__init__(data, answer_length)
+
+    def program(self, instance: Instance, completion: str) -> str:
+        """The candidate program for ``completion`` (defines the entry point)."""
+        return extract_code(completion)
+
+    def tests(self, instance: Instance) -> str:
+        return instance.meta["tests"]
+
+    def run(self, instance: Instance, completion: str) -> SandboxResult:
+        """The sandbox report of ``completion`` on the instance's tests."""
+        return check_solution(self.program(instance, completion), self.tests(instance), instance.meta["entry_point"],
+                              timeout_s=self.timeout_s, memory_mb=self.memory_mb, unsafe_exec=self.unsafe_exec)
+
+    def score(self, instance: Instance, completion: str) -> float:
+        return float(self.run(instance, completion).passed)
+
+
+class MBPPTask(CodeTask):
+    """MBPP sanitized, test split (task ids 11-510; 257 problems in the sanitized release)."""
+
+    name = "mbpp"
+    description = "MBPP sanitized (lm-eval prompt, asserts in the sandbox), from a local sanitized-mbpp.json"
+    source = DataSource(
+        folder="mbpp", filename="sanitized-mbpp.json",
+        fetch="mkdir -p data/mbpp && curl -fL -o data/mbpp/sanitized-mbpp.json "
+              "https://raw.githubusercontent.com/google-research/google-research/master/mbpp/sanitized-mbpp.json",
+        licence="CC BY 4.0 (google-research/mbpp)",
+    )
+    stop = ("[DONE]", "</s>", "<|im_end|>")
+
+    def _load(self, path: Path) -> list[Instance]:
+        out = []
+        for i, r in enumerate(read_json_records(path, ("task_id", "prompt", "code", "test_list"))):
+            if not isinstance(r["task_id"], int) or r["task_id"] not in MBPP_TEST_IDS:
+                continue
+            tests = r["test_list"]
+            if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+                raise DataError(f"{path}: record {i}: 'test_list' must be a non-empty list of assert strings")
+            entry = called_function(tests, _defined_functions(str(r["code"])))
+            if entry is None:
+                raise DataError(f"{path}: record {i}: no function of 'code' is called by 'test_list'")
+            imports = [t for t in r.get("test_imports") or [] if isinstance(t, str)]
+            listing = "\n".join(tests)
+            out.append(Instance(
+                prompt=(f"You are an expert Python programmer, and here is your task: {r['prompt']} "
+                        f"Your code should pass these tests:\n\n{listing}\n[BEGIN]\n"),
+                reference=str(r["code"]),
+                meta={"task_id": r["task_id"], "entry_point": entry, "tests": "\n".join(imports + tests),
+                      "chat_prompt": f"{r['prompt']}\nYour code should pass these tests:\n\n{listing}\n{CODE_REQUEST}"},
+            ))
+        return out
+
+    def canonical_key(self, instance: Instance) -> str:
+        return str(instance.meta["task_id"])
+
+
+class _EvalPlusTask(CodeTask):
+    """Shared by HumanEval+ and MBPP+: output-comparison tests against the canonical solution.
+
+    Args:
+        plus: test on the base and the plus inputs (default); ``False``: base inputs only.
+    """
+
+    def __init__(self, data: str | Path | None = None, answer_length: int = 512, timeout_s: float = 20.0,
+                 memory_mb: int = 1024, unsafe_exec: bool = False, plus: bool = True) -> None:
+        self.plus = bool(plus)
+        self._expected: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        super().__init__(data, answer_length, timeout_s, memory_mb, unsafe_exec)
+
+    def _load(self, path: Path) -> list[Instance]:
+        fields = ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input")
+        out = []
+        for number, r in enumerate(read_jsonl(path, fields), start=1):
+            if not str(r["entry_point"]).isidentifier():
+                raise DataError(f"{path}: record on line {number}: 'entry_point' {r['entry_point']!r} is not a name")
+            for key in ("base_input", "plus_input"):
+                if not isinstance(r[key], list) or not all(isinstance(a, list) for a in r[key]):
+                    raise DataError(f"{path}: record on line {number}: '{key}' must be a list of argument lists")
+            out.append(self._instance(r))
+        return out
+
+    def _instance(self, r: dict[str, Any]) -> Instance:
+        raise NotImplementedError
+
+    def reference_program(self, instance: Instance) -> str:
+        raise NotImplementedError
+
+    def tests(self, instance: Instance) -> str:
+        inputs = instance.meta["base_input"] + (instance.meta["plus_input"] if self.plus else [])
+        key = f"{instance.meta['task_id']}|{self.plus}"
+        with self._lock:
+            expected = self._expected.get(key)
+        if expected is None:  # the canonical solution runs once per problem
+            expected = run_outputs(self.reference_program(instance), instance.meta["entry_point"], inputs,
+                                   timeout_s=self.timeout_s, memory_mb=self.memory_mb, unsafe_exec=self.unsafe_exec)
+            with self._lock:
+                self._expected[key] = expected
+        return output_tests(instance.meta["entry_point"], inputs, expected, instance.meta["atol"])
+
+    def canonical_key(self, instance: Instance) -> str:
+        return str(instance.meta["task_id"])
+
+
+def _meta(r: dict[str, Any]) -> dict[str, Any]:
+    return {"task_id": str(r["task_id"]), "entry_point": str(r["entry_point"]), "base_input": r["base_input"],
+            "plus_input": r["plus_input"], "atol": float(r.get("atol") or 0.0)}
+
+
+class HumanEvalPlusTask(_EvalPlusTask):
+    """HumanEval+ (EvalPlus): complete the function; the program is prompt + completion (raw), or
+    the answer's code block (chat; prefixed by the prompt when it does not define the function)."""
+
+    name = "humaneval_plus"
+    description = "HumanEval+ (EvalPlus base + plus inputs, outputs vs canonical), from a local HumanEvalPlus.jsonl"
+    source = DataSource(
+        folder="evalplus", filename="HumanEvalPlus.jsonl",
+        fetch="mkdir -p data/evalplus && curl -fL https://github.com/evalplus/humanevalplus_release/releases/download/"
+              "v0.1.10/HumanEvalPlus.jsonl.gz | gunzip > data/evalplus/HumanEvalPlus.jsonl",
+        licence="Apache-2.0 (evalplus); HumanEval: MIT (openai/human-eval)",
+    )
+    stop = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "</s>", "<|im_end|>")
+
+    def _instance(self, r: dict[str, Any]) -> Instance:
+        prompt = str(r["prompt"])
+        return Instance(prompt=prompt, reference=str(r["canonical_solution"]),
+                        meta={**_meta(r), "chat_prompt": f"Complete this Python function.\n```python\n{prompt}```\n{CODE_REQUEST}"})
+
+    def program(self, instance: Instance, completion: str) -> str:
+        code = extract_code(completion)
+        if code is not completion and instance.meta["entry_point"] in _defined_functions(code):
+            return code
+        return instance.prompt + code
+
+    def reference_program(self, instance: Instance) -> str:
+        return instance.prompt + instance.reference
+
+
+class MBPPPlusTask(_EvalPlusTask):
+    """MBPP+ (EvalPlus): write the function the prompt describes; the program is the answer's code."""
+
+    name = "mbpp_plus"
+    description = "MBPP+ (EvalPlus base + plus inputs, outputs vs canonical), from a local MbppPlus.jsonl"
+    source = DataSource(
+        folder="evalplus", filename="MbppPlus.jsonl",
+        fetch="mkdir -p data/evalplus && curl -fL https://github.com/evalplus/mbppplus_release/releases/download/"
+              "v0.2.0/MbppPlus.jsonl.gz | gunzip > data/evalplus/MbppPlus.jsonl",
+        licence="Apache-2.0 (evalplus); MBPP: CC BY 4.0",
+    )
+    stop = ("[DONE]", "\nif __name__", "\nprint(", "</s>", "<|im_end|>")
+
+    def _instance(self, r: dict[str, Any]) -> Instance:
+        prompt = str(r["prompt"]).strip()
+        return Instance(prompt=f"You are an expert Python programmer, and here is your task:\n{prompt}\n[BEGIN]\n",
+                        reference=str(r["canonical_solution"]),
+                        meta={**_meta(r), "chat_prompt": f"{prompt}\n{CODE_REQUEST}"})
+
+    def reference_program(self, instance: Instance) -> str:
+        return instance.reference
