@@ -269,3 +269,17 @@ def test_a_solution_that_fails_to_load_fails_with_its_reason():
     assert not result.passed and "no callable 'f'" in result.reason
     with pytest.raises(ValueError, match="identifier"):
         run_tests("", "", "not an identifier")
+
+
+def test_every_code_benchmark_verdict_goes_across_the_boundary():
+    """MBPP / HumanEval+ / MBPP+ score through tasks.code.check_solution: the same boundary."""
+    from dlm_toolkit.tasks.code import check_solution
+
+    solution = "class Yes:\n    __eq__ = lambda s, o: True\n\ndef add(a, b):\n    return Yes()\n"
+    tests = "assert add(1, 2) == 3\nassert add(2, 2) == 4\n"
+    assert run_python(solution + tests, timeout_s=3.0).passed  # one process: fooled
+    result = check_solution(solution, tests, "add", timeout_s=3.0, memory_mb=512, unsafe_exec=False)
+    assert not result.passed and "not plain data" in result.reason
+    right = check_solution("def add(a, b):\n    return a + b\n", tests, "add", timeout_s=3.0, memory_mb=512,
+                           unsafe_exec=False)
+    assert right.passed
