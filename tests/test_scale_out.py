@@ -30,7 +30,6 @@ import servers
 import sweep_helpers as h
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def postgresql_installed():
     """A missing server fails every test here with how to install it; it never skips them."""
