@@ -135,12 +135,13 @@ def task_prompt(tokenizer: Any, task: Task, instance: Any, chat: bool) -> list[i
 MAX_GENERATED_N = 100_000  # instances of a generated task one evaluation may decode
 
 
-def check_n(task: Task, n: int) -> None:
+def check_n(task: Task, n: int, *, split: bool = True) -> None:
     """Refuse ``n`` beyond the task's eval split (HumanEval has 164 problems, no more), or, for a
-    generated task (no fixed split), beyond :data:`MAX_GENERATED_N`."""
+    generated task (no fixed split), beyond :data:`MAX_GENERATED_N`. ``split=False`` (sweep
+    experiments, where ``n`` beyond the split means the whole split) checks only the latter."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"n: must be an integer >= 1, got {n!r}")
-    if task.eval_size is not None and n > task.eval_size:
+    if split and task.eval_size is not None and n > task.eval_size:
         raise ConfigError(f"n: {n} is more than the {task.eval_size} eval instances task '{task.name}' has")
     if task.eval_size is None and n > MAX_GENERATED_N:
         raise ConfigError(f"n: {n} is more than {MAX_GENERATED_N}, the most instances of generated task "

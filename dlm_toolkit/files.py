@@ -41,7 +41,13 @@ class InputFileError(ValueError):
 
 
 class NoSpaceError(OSError):
-    """The disk (or a file-size limit) filled up while writing; the previous file is untouched."""
+    """The disk (or a file-size limit) filled up while writing; the previous file is untouched.
+
+    ``errno`` is ``ENOSPC``; the message alone is its text (no ``[Errno 28]`` prefix): the CLI
+    prints it as its one line."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _kind(mode: int) -> str:

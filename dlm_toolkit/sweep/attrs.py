@@ -120,12 +120,18 @@ def validate_settings(data: Any, where: str) -> dict[str, Any]:
     task = TASKS.get(exp.task)
     if task is None:
         raise ConfigError(f"{where}: task: unknown task {exp.task!r}; available tasks: {', '.join(sorted(TASKS))}")
-    try:
-        inspect.signature(task).bind(**exp.task_args)
-    except TypeError as err:
+    args = dict(exp.task_args)
+    try:  # chat and system are options of every task (get_task takes them); the rest, the constructor's
+        from dlm_toolkit.chat import parse_chat_mode
+
+        parse_chat_mode(args.pop("chat", "auto"), "chat")
+        if not isinstance(args.pop("system", None), (str, type(None))):
+            raise ValueError("system: must be a string")
+        inspect.signature(task).bind(**args)
+    except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: task_args: {err} (task {exp.task!r})") from None
     try:
-        check_n(task, exp.n)
+        check_n(task, exp.n, split=False)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     return exp.settings()

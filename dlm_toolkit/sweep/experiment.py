@@ -321,7 +321,7 @@ def _check_task(exp: Experiment) -> None:
         raise ConfigError(f"task: {err}") from None
     except TypeError as err:
         raise ConfigError(f"task_args: {err}") from None
-    check_n(task, exp.n)
+    check_n(task, exp.n, split=False)  # n past the split takes all of it; a generated task is bounded
 
 
 def _check_sampler(exp: Experiment) -> None:
