@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from dlm_toolkit.files import MAX_JSON_DEPTH, InputFileError, parse_json, read_text
+
 ROLES = ("m2t", "t2t", "blocks", "remask")
 
 
@@ -141,37 +143,44 @@ MAX_CONFIG_BYTES = 1 << 20  # no experiment, policy or training file comes near 
 def read_mapping_file(path: str | Path) -> dict[str, Any]:
     """A mapping from a ``.json`` or ``.yaml``/``.yml`` file (safe loaders only; empty file = {}).
 
-    Bounded: files over 1 MiB are refused, and so are YAML anchors and aliases (a few hundred
-    bytes of nested aliases expand to gigabytes; no config of ours needs them).
+    Bounded: only regular files (a FIFO, ``/dev/zero`` or a folder is refused before reading),
+    at most 1 MiB, nested at most :data:`~dlm_toolkit.files.MAX_JSON_DEPTH` levels, and no YAML
+    anchors or aliases (a few hundred bytes of nested aliases expand to gigabytes; no config of
+    ours needs them).
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {size} bytes; config files are limited to {MAX_CONFIG_BYTES} bytes")
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason})") from None
-    try:
-        if path.suffix != ".json":
-            _refuse_aliases(path, text)
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+        text = read_text(path, MAX_CONFIG_BYTES, "a config file")
+        if path.suffix == ".json":
+            data = parse_json(text, str(path))
+        else:
+            _check_yaml(path, text)
+            data = yaml.safe_load(text)
+    except InputFileError as err:
+        raise ConfigError(str(err)) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 
-def _refuse_aliases(path: Path, text: str) -> None:
+def _check_yaml(path: Path, text: str) -> None:
+    """Refuse anchors/aliases and nesting deeper than ``MAX_JSON_DEPTH``, from the event stream
+    (the parser is iterative; only the composer that builds the objects recurses)."""
+    depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            line = event.start_mark.line + 1
             raise ConfigError(f"{path}:{line}: YAML anchors and aliases are not accepted in config files "
                               f"(found {'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor})")
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise ConfigError(f"{path}:{line}: nested deeper than {MAX_JSON_DEPTH} levels")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
 
 
 def parse_value(text: str) -> Any:

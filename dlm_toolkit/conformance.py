@@ -8,7 +8,6 @@ a failure, never a skip: a fixture that pins down something we do not check must
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -143,9 +142,11 @@ def run_conformance(folder: str | Path, kv_modes: tuple[bool, ...] = (True, Fals
     from dlm_toolkit.runtime import resolve_device
 
     folder = Path(folder)
-    try:
-        spec = json.loads((folder / "cases.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    from dlm_toolkit.models.validate import CheckpointError, read_json_object
+
+    try:  # a regular file of bounded size and depth, holding an object
+        spec = read_json_object(folder / "cases.json", "index")
+    except CheckpointError as err:
         raise ConfigError(f"{folder}: cannot read cases.json: {err}") from None
     model = load_model(folder, device=resolve_device(device), mask_token_id=spec["mask_id"],
                        eos_token_id=spec["eos_id"], check_finite=True)

@@ -132,10 +132,20 @@ def task_prompt(tokenizer: Any, task: Task, instance: Any, chat: bool) -> list[i
     return encode_prompt(tokenizer, task.user_message(instance), True, task.system)
 
 
-def check_n(task: Task, n: int) -> None:
-    """Refuse ``n`` beyond the task's eval split (HumanEval has 164 problems, no more)."""
-    if task.eval_size is not None and n > task.eval_size:
+MAX_GENERATED_N = 100_000  # instances of a generated task one evaluation may decode
+
+
+def check_n(task: Task, n: int, *, split: bool = True) -> None:
+    """Refuse ``n`` beyond the task's eval split (HumanEval has 164 problems, no more), or, for a
+    generated task (no fixed split), beyond :data:`MAX_GENERATED_N`. ``split=False`` (sweep
+    experiments, where ``n`` beyond the split means the whole split) checks only the latter."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n: must be an integer >= 1, got {n!r}")
+    if split and task.eval_size is not None and n > task.eval_size:
         raise ConfigError(f"n: {n} is more than the {task.eval_size} eval instances task '{task.name}' has")
+    if task.eval_size is None and n > MAX_GENERATED_N:
+        raise ConfigError(f"n: {n} is more than {MAX_GENERATED_N}, the most instances of generated task "
+                          f"'{task.name}' one evaluation decodes")
 
 
 def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:

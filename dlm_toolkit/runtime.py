@@ -13,6 +13,7 @@ threads can be 50x slower), torch's own default for large ones.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -65,13 +66,21 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return DTYPES[dtype]
 
 
+def cpu_count() -> int:
+    """CPUs of this machine (``os.cpu_count()``; 1 if unknown): the most threads worth asking for."""
+    return os.cpu_count() or 1
+
+
 def resolve_threads(threads: int | None, *, small_model: bool) -> int | None:
-    """The intra-op thread count to use: ``threads`` if given (an integer >= 1), else 1 for a small
-    model and ``None`` (leave torch's default) for a large one."""
+    """The intra-op thread count to use: ``threads`` if given (an integer from 1 to the machine's
+    CPU count: more only oversubscribes, and a million makes the tokenizer's thread pool panic and
+    the process crash), else 1 for a small model and ``None`` (torch's default) for a large one."""
     if threads is None:
         return 1 if small_model else None
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
+    most = cpu_count()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most:
+        raise ConfigError(f"threads: must be an integer in [1, {most}] (this machine has {most} CPUs), "
+                          f"got {threads!r}")
     return threads
 
 

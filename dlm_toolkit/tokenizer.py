@@ -97,6 +97,10 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
     """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``.
 
+    The files are written into a hidden staging folder inside ``directory`` and renamed into
+    place together once complete (:func:`dlm_toolkit.files.atomic_write_many`): a kill or a full
+    disk leaves the previous tokenizer files as they were.
+
     Args:
         tok: a tokenizer from :func:`build_char_tokenizer` (or :func:`load_tokenizer`).
         directory: target folder, created if missing.
@@ -104,31 +108,38 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
     Returns:
         The folder as a :class:`~pathlib.Path`.
     """
+    import shutil
+    import tempfile
+
+    from dlm_toolkit.files import atomic_write_many, is_disk_full, no_space
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(str(out))
-    # transformers 5 records its internal class name ("TokenizersBackend"); the public alias
-    # loads under both transformers 4 and 5.
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-    # transformers >= 5 no longer writes special_tokens_map.json; older loaders and our own
-    # tooling still look for it, so make sure it exists.
-    special_map = out / "special_tokens_map.json"
-    if not special_map.exists():
-        special_map.write_text(
-            json.dumps(
-                {
-                    "eos_token": tok.eos_token,
-                    "pad_token": tok.pad_token,
-                    "mask_token": tok.mask_token,
-                    "unk_token": tok.unk_token,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+    staging = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=out))
+    try:
+        try:
+            tok.save_pretrained(str(staging))
+            # transformers 5 records its internal class name ("TokenizersBackend"); the public alias
+            # loads under both transformers 4 and 5.
+            config_path = staging / "tokenizer_config.json"
+            config = json.loads(config_path.read_text())
+            config["tokenizer_class"] = "PreTrainedTokenizerFast"
+            config_path.write_text(json.dumps(config, indent=2) + "\n")
+            # transformers >= 5 no longer writes special_tokens_map.json; older loaders and our own
+            # tooling still look for it, so make sure it exists.
+            special_map = staging / "special_tokens_map.json"
+            if not special_map.exists():
+                special_map.write_text(json.dumps({"eos_token": tok.eos_token, "pad_token": tok.pad_token,
+                                                   "mask_token": tok.mask_token, "unk_token": tok.unk_token},
+                                                  indent=2) + "\n")
+        except BaseException as err:
+            if is_disk_full(err):
+                raise no_space(out / "tokenizer.json", (out / "tokenizer.json").exists()) from None
+            raise
+        staged = sorted(p.name for p in staging.iterdir() if p.is_file())
+        atomic_write_many(out, {name: (lambda tmp, name=name: (staging / name).replace(tmp)) for name in staged})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -161,11 +172,11 @@ _READ_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.js
 
 
 def _from_folder(path: Path) -> PreTrainedTokenizerFast:
-    from dlm_toolkit.models.validate import CheckpointError, inside
+    from dlm_toolkit.models.validate import MAX_JSON_BYTES, CheckpointError, inside, regular
 
     for name in _READ_FILES:
-        if (path / name).exists():
-            inside(path, name, "tokenizer file")
+        if (path / name).exists():  # inside the folder, and a regular file of bounded size (a FIFO never hangs)
+            regular(inside(path, name, "tokenizer file"), MAX_JSON_BYTES["tokenizer"], "a tokenizer file")
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # tokenizers/transformers raise plain Exception, ValueError, OSError...
@@ -181,7 +192,7 @@ def find_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast | None:
     :mod:`dlm_toolkit.chat`), else None.
     """
     path = Path(directory)
-    if not (path / "tokenizer.json").is_file():
+    if not (path / "tokenizer.json").exists():
         return None
     return _from_folder(path)
 

@@ -10,23 +10,31 @@ Every ``checkpoint_interval`` steps ``train()`` writes ``OUT/resume/``:
   far, the partial logging window, elapsed wall/CPU time and the MLflow run id.
 
 Nothing is pickled: tensors go through safetensors, everything else through JSON. A resume point
-is written to ``resume.tmp/`` and then swapped in, so a kill while writing leaves the previous
-point (or, between the swap's two moves, the complete new one) usable. A resumed run replays the
-same batches, noise and updates as an uninterrupted one: the weights match bit for bit on CPU.
+is written to ``resume.tmp/`` (every file synced) and then swapped in, so a kill while writing
+leaves the previous point (or, between the swap's two moves, the complete new one) usable. A full
+disk while writing removes ``resume.tmp/`` and raises :class:`~dlm_toolkit.files.NoSpaceError`
+("no space left on device while writing OUT/resume.tmp/...; the previous resume point is
+unchanged"). Reading one back checks every file (regular, bounded, JSON depth, field types).
+A resumed run replays the same batches, noise and updates as an uninterrupted one: the weights
+match bit for bit on CPU.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.files import InputFileError, NoSpaceError, fsync_file, fsync_folder, is_disk_full, parse_json, read_regular
+
+MAX_STATE_BYTES = 256 << 20  # state.json: config, loss history and evals of a long run
 
 # Fields that may differ between the interrupted run and its continuation: they say where and how
 # fast to run, or what to log, never which updates happen.
@@ -72,19 +80,41 @@ def clear(out: Path) -> None:
 
 
 def save(out: Path, point: ResumePoint) -> Path:
-    """Write ``point`` to ``out/resume/`` without ever leaving zero complete resume points behind."""
-    from safetensors.torch import save_file
+    """Write ``point`` to ``out/resume/`` without ever leaving zero complete resume points behind.
 
+    Raises:
+        NoSpaceError: the disk filled up; ``resume.tmp`` is removed and the previous point kept.
+    """
     out = Path(out)
     tmp, final = out / "resume.tmp", resume_dir(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in point.model.items()}, tmp / "model.safetensors")
+    current = tmp
+    try:
+        for name, write in _point_files(point).items():  # state.json last: it marks the point complete
+            current = tmp / name
+            write(current)
+            fsync_file(current)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(err):
+            kept = "the previous resume point is unchanged" if find(out) else "no resume point was written"
+            raise NoSpaceError(errno.ENOSPC, f"no space left on device while writing {current}; {kept}") from None
+        raise
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    fsync_folder(out)
+    return final
+
+
+def _point_files(point: ResumePoint) -> dict[str, Callable[[Path], object]]:
+    """The files of a resume point, each with its writer, in the order they are written."""
+    from safetensors.torch import save_file
+
     tensors = {"rng.noise": point.noise_rng, "rng.torch": point.torch_rng}
     for index, slots in point.optimizer["state"].items():
         for name, value in slots.items():
             tensors[f"state.{index}.{name}"] = value.detach().cpu().contiguous()
-    save_file(tensors, tmp / "optimizer.safetensors")
     version, internal, gauss = point.py_rng
     state = {
         "step": point.step, "config": point.config, "param_groups": point.optimizer["param_groups"],
@@ -92,10 +122,33 @@ def save(out: Path, point: ResumePoint) -> Path:
         "window": point.window, "stats_window": point.stats_window, "wall_s": point.wall_s,
         "cpu_s": point.cpu_s, "mlflow_run_id": point.mlflow_run_id,
     }
-    (tmp / "state.json").write_text(json.dumps(state) + "\n")  # last: marks the point complete
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
+    model = {k: v.detach().cpu().contiguous() for k, v in point.model.items()}
+    return {
+        "model.safetensors": lambda file: save_file(model, file),
+        "optimizer.safetensors": lambda file: save_file(tensors, file),
+        "state.json": lambda file: file.write_text(json.dumps(state) + "\n"),
+    }
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """``state.json`` of a resume point, checked (regular file, size, JSON depth, an object)."""
+    file = Path(folder) / "state.json"
+    try:
+        state = parse_json(read_regular(file, MAX_STATE_BYTES, "a resume state file"), str(file))
+    except InputFileError as err:
+        raise ConfigError(f"resume: {err}; delete {folder} to start over") from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"resume: {file} must hold a JSON object; delete {folder} to start over")
+    return state
+
+
+def peek_step(folder: Path) -> Any:
+    """The step a resume point was written at, for messages ("?" when unreadable)."""
+    try:
+        step = read_state(folder).get("step", "?")
+    except ConfigError:
+        return "?"
+    return step if isinstance(step, int) else "?"
 
 
 def load(folder: Path, config: dict[str, Any]) -> ResumePoint:
@@ -109,12 +162,14 @@ def load(folder: Path, config: dict[str, Any]) -> ResumePoint:
 
     folder = Path(folder)
     hint = f"; delete {folder} to start over"
+    state = read_state(folder)
     try:
-        state = json.loads((folder / "state.json").read_text())
         step, groups, (version, internal, gauss) = state["step"], state["param_groups"], state["py_rng"]
         if not isinstance(step, int) or step < 1:
             raise ValueError(f"step must be a positive integer, got {step!r}")
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        if not isinstance(state["config"], dict):
+            raise ValueError("config must be an object")
+    except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"resume: {folder / 'state.json'} is unreadable ({err}){hint}") from None
     differ = sorted(k for k in set(config) | set(state["config"])
                     if k not in MAY_CHANGE and config.get(k) != state["config"].get(k))

@@ -134,7 +134,12 @@ def test_resolve_device_dtype_threads():
     assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     assert resolve_threads(None, small_model=True) == 1 and resolve_threads(None, small_model=False) is None
-    assert resolve_threads(3, small_model=True) == 3
+    import os
+
+    cpus = os.cpu_count()
+    assert resolve_threads(cpus, small_model=True) == cpus  # the machine's CPU count is the most accepted
+    with pytest.raises(ConfigError, match=rf"threads: must be an integer in \[1, {cpus}\] \(this machine has {cpus} CPUs\)"):
+        resolve_threads(cpus + 1, small_model=True)
     for bad, fragment in [("tpu", "device"), ("cuda:zero", "device"), ("xla", "device")]:
         with pytest.raises(ConfigError, match=fragment):
             resolve_device(bad)

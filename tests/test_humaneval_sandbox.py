@@ -14,6 +14,7 @@ import pytest
 
 from dlm_toolkit.tasks import HumanEvalTask, Instance, get_task
 from dlm_toolkit.tasks.sandbox import run_python, sandbox_info
+from dlm_toolkit.tasks.sandbox.limits import POOL_FIRST, POOL_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -74,18 +75,16 @@ def test_instances(task: HumanEvalTask, problems: list[Instance]) -> None:
 
 
 def test_all_canonical_solutions_pass(task: HumanEvalTask, problems: list[Instance]) -> None:
-    start = time.perf_counter()
+    """The one run of all 164 (time per problem: benchmarks/sandbox.py)."""
     scores = task.score_batch(problems, [p.reference for p in problems], workers=2)
-    elapsed = time.perf_counter() - start
     failed = [p.meta["task_id"] for p, s in zip(problems, scores) if s != 1.0]
     assert failed == []
-    assert elapsed < 60, f"164 canonical runs took {elapsed:.1f}s"
 
 
 def test_wrong_completions_fail(task: HumanEvalTask, problems: list[Instance]) -> None:
-    scores = task.score_batch(problems, ["    return None\n"] * len(problems), workers=2)
-    assert sum(scores) == 0.0
     subset = random.Random(0).sample(problems, 40)
+    assert sum(task.score_batch(subset, ["    return None\n"] * len(subset), workers=2)) == 0.0
+    subset = random.Random(1).sample(problems, 20)
     assert sum(task.score_batch(subset, ["    pass\n"] * len(subset), workers=2)) == 0.0
 
 
@@ -155,9 +154,9 @@ def test_process_group_is_killed_even_without_prelude() -> None:
         _assert_no_survivors(marker)
 
 
-def test_unguarded_fork_bomb_is_contained() -> None:
-    marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
-    code = (
+def _bomb(marker: str, hold_s: float) -> str:
+    """Fork sleepers until refused, report how many, keep them alive ``hold_s`` seconds."""
+    return (
         "import os, time\n"
         "n = 0\n"
         "for _ in range(48):\n"
@@ -168,16 +167,72 @@ def test_unguarded_fork_bomb_is_contained() -> None:
         "    if pid == 0:\n"
         f"        os.execv('/bin/sleep', ['{marker}', '60'])\n"
         "    n += 1\n"
-        "print('forked', n)\n"
+        "print('forked', n, flush=True)\n"
+        f"time.sleep({hold_s})\n"
     )
-    # RLIMIT_NPROC = max_processes + the user's tasks at the start: bubblewrap's own processes and
-    # concurrent runs as 'nobody' add a few; an uncontained bomb reaches 48
-    for layers, limited in ((PROCESS, sandbox_info().nproc_limited), ({}, True)):  # bwrap: never uid 0
-        res = run_python(code, guard=False, max_processes=8, timeout_s=5.0, **layers)
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # world-readable: process mode can drop to a leased uid with it
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "process"])
+def test_unguarded_fork_bombs_are_contained_per_run(mode: str, first: Instance) -> None:
+    """Three bombs alive at once beside an honest run: each gets the same budget (its own uid:
+    RLIMIT_NPROC = max_processes, bubblewrap's own processes included), none eats another's, and
+    the honest run passes. With one shared uid the counts differ: the later bombs starve (process
+    mode) or get the others' processes added to their limit (the old `max_processes + tasks`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    layers = {} if mode == "bwrap" else {**PROCESS, "python": SYSTEM_PYTHON}
+    info = sandbox_info(layers.get("python"))
+    marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
+    task = HumanEvalTask(timeout_s=8.0)
+
+    def bomb() -> tuple[float, object, float]:
+        start = time.monotonic()
+        res = run_python(_bomb(marker, 2.0), guard=False, max_processes=8, timeout_s=8.0, **layers)
+        return start, res, time.monotonic()
+
+    with ThreadPoolExecutor(4) as pool:
+        bombs = [pool.submit(bomb) for _ in range(3)]
+        honest = pool.submit(task.run, first, first.reference)
+        results = [b.result() for b in bombs]
+        assert honest.result().passed
+    held_from = max(start + res.duration_s - 2.0 for start, res, _ in results)
+    assert held_from < min(end for _, _, end in results), "the bombs never held their processes at the same time"
+    counts = []
+    for _, res, _ in results:
         assert res.passed, res.stderr_tail
-        forked = int(res.stdout_tail.split()[-1])
-        assert (forked < 8 + 6) if limited else (forked == 48), (layers, forked)
+        counts.append(int(res.stdout_tail.split()[-1]))
+    if mode == "bwrap" or info.drops_privileges:
+        assert len(set(counts)) == 1 and 1 <= counts[0] < 8, counts
+    elif info.nproc_limited:  # not root: one budget for the user's processes
+        assert all(c < 8 + 8 for c in counts), counts
+    else:
+        assert counts == [48] * 3
+    _assert_no_survivors(marker)
+
+
+def test_process_mode_kills_what_escaped_its_session() -> None:
+    """A grandchild that calls setsid() leaves the process group; as root the run's own uid is
+    swept when the run ends, so it dies all the same."""
+    marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', ['{marker}', '60'])\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.3)\n"
+    )
+    res = run_python(code, guard=False, python=SYSTEM_PYTHON, **PROCESS)
+    assert res.passed, res.stderr_tail
+    if sandbox_info(SYSTEM_PYTHON).drops_privileges:
         _assert_no_survivors(marker)
+    else:  # not root: nothing can sweep a uid; clean up what the documented gap left
+        for pid in _live_processes_with(marker):
+            os.kill(pid, 9)
 
 
 def test_memory_hog_is_killed(first: Instance) -> None:
@@ -252,7 +307,11 @@ def test_privileges_match_reported_isolation() -> None:
     else:
         assert uid == os.geteuid()
     boxed = run_python("import os\nprint(os.getuid())\n")
-    assert boxed.passed and int(boxed.stdout_tail) == (65534 if os.geteuid() == 0 else os.geteuid())
+    assert boxed.passed
+    if os.geteuid() == 0:
+        assert info.per_run_uid and POOL_FIRST <= int(boxed.stdout_tail) < POOL_FIRST + POOL_SIZE
+    else:
+        assert int(boxed.stdout_tail) == os.geteuid()
     assert sandbox_info(sys.executable) is sandbox_info(sys.executable)  # cached probe
 
 
@@ -293,33 +352,43 @@ def _hostile_rows(marker: str, outside: Path, secret: str) -> dict[str, str]:
     }
 
 
-def test_hostile_completions_score_zero_and_leave_nothing(first: Instance, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every row runs through the real bubblewrap sandbox (the default): it scores 0, no process of
-    it survives, nothing is written outside, the evaluator and the host's processes keep running."""
+HOSTILE = sorted(_hostile_rows("m", Path("/x"), "s"))
+
+
+@pytest.fixture(scope="module")
+def bystander():
+    """A host process the code must not be able to kill."""
     import subprocess
 
-    assert sandbox_info().bwrap is not None, sandbox_info().bwrap_problem  # CI installs bubblewrap
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_completions_score_zero_and_leave_nothing(name: str, first: Instance, tmp_path: Path, bystander,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row runs through the real bubblewrap sandbox (the default): it scores 0, no process of
+    it survives, nothing is written outside, the evaluator and the host's processes keep running."""
+    assert sandbox_info().bwrap is not None, sandbox_info().bwrap_problem  # scripts/test.sh installs bubblewrap
     marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
     secret = uuid.uuid4().hex
     monkeypatch.setenv("DLM_SANDBOX_SECRET", secret)
     outside = tmp_path / "leak"
-    bystander = subprocess.Popen(["sleep", "60"])  # a host process the code must not be able to kill
     task = HumanEvalTask(timeout_s=3.0)
-    try:
-        for name, body in _hostile_rows(marker, outside, secret).items():
-            res = task.run(first, body)
-            assert not res.passed, name
-            assert secret not in res.stdout_tail + res.stderr_tail, name
-            _assert_no_survivors(marker)
-            assert bystander.poll() is None, f"{name}: killed a host process"
-        assert not outside.exists()
-        for path in ("/usr/lib/dlm-leak", "/root/dlm-leak", "/etc/dlm-leak"):
-            assert not Path(path).exists()
-        assert task.score(first, first.reference) == 1.0  # the evaluator still works
-    finally:
-        bystander.kill()
-        bystander.wait()
+    res = task.run(first, _hostile_rows(marker, outside, secret)[name])
+    assert not res.passed
+    assert secret not in res.stdout_tail + res.stderr_tail + res.candidate_stdout_tail + res.candidate_stderr_tail
+    _assert_no_survivors(marker)
+    assert bystander.poll() is None, "killed a host process"
+    assert not outside.exists()
+    for path in ("/usr/lib/dlm-leak", "/root/dlm-leak", "/etc/dlm-leak"):
+        assert not Path(path).exists()
+
+
+def test_the_evaluator_still_works_after_the_hostile_rows(task: HumanEvalTask, first: Instance) -> None:
+    assert task.score(first, first.reference) == 1.0
 
 
 def test_a_forged_exit_never_passes_without_the_token() -> None:

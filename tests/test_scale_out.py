@@ -29,8 +29,13 @@ import readme_shell
 import servers
 import sweep_helpers as h
 
-pytestmark = pytest.mark.skipif(servers.postgres_bin() is None,
-                                reason="PostgreSQL binaries absent (apt-get install postgresql; .ci/run installs it)")
+
+@pytest.fixture(scope="module", autouse=True)
+def postgresql_installed():
+    """A missing server fails every test here with how to install it; it never skips them."""
+    if servers.postgres_bin() is None:
+        pytest.fail("PostgreSQL is not installed (no initdb): apt-get install postgresql "
+                    "(bash scripts/test.sh installs it)", pytrace=False)
 
 
 def readme_steps() -> dict[str, str]:

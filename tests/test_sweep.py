@@ -461,18 +461,21 @@ def test_a_repeated_policy_is_evaluated_once_and_tagged_duplicate_of(tmp_path, m
 def test_settings_split_into_attributes_under_1kb_round_trip():
     import optuna
 
-    from dlm_toolkit.sweep.attrs import write_settings
+    from dlm_toolkit.sweep.attrs import stored_settings, write_settings
 
     study = optuna.create_study()
     settings = {"quotes": '"' * 1500, "backslashes": "\\" * 700, "text": "é" * 900, "nested": {"k": list(range(400))}}
     write_settings(study, settings)
-    assert read_settings(study) == settings
+    assert stored_settings(study) == settings
     assert all(len(json.dumps(v)) <= 1024 for v in study.user_attrs.values())
     write_settings(study, {"small": 1})  # rewritten with fewer parts: stale parts are not read
-    assert read_settings(study) == {"small": 1}
+    assert stored_settings(study) == {"small": 1}
     legacy = optuna.create_study()
     legacy.set_user_attr("experiment", {"n": 8})  # a study from before the split
-    assert read_settings(legacy) == {"n": 8} and read_settings(optuna.create_study()) is None
+    assert stored_settings(legacy) == {"n": 8} and read_settings(optuna.create_study()) is None
+    exp = load_experiment(h.experiment())
+    write_settings(study, exp.settings())
+    assert read_settings(study) == exp.settings()  # validated by the experiment schema on the way back
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

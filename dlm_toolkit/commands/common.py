@@ -64,6 +64,21 @@ def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = Tr
     return model, tokenizer
 
 
+def prompt_text(text: str, option: str = "--prompt") -> str:
+    """``text`` as given on the command line, refused if its bytes were not UTF-8.
+
+    Python decodes ``argv`` with ``surrogateescape``: each byte that is not part of valid UTF-8
+    arrives as a lone surrogate, which a tokenizer cannot encode. The error names the first such
+    byte and its offset in the argument."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raw = text.encode("utf-8", "surrogateescape")
+        offset = len(text[:err.start].encode("utf-8", "surrogateescape"))
+        raise ConfigError(f"{option}: not valid UTF-8 (byte 0x{raw[offset]:02x} at byte offset {offset})") from None
+    return text
+
+
 def parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t]

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, parse_ids, policy_from_args
+from dlm_toolkit.commands.common import prompt_text
 from dlm_toolkit.config import ConfigError
 
 
@@ -13,6 +14,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from dlm_toolkit.decode import decode
 
     policy = policy_from_args(args)
+    if args.prompt is not None:
+        prompt_text(args.prompt)  # before the model loads
+    if args.system is not None:
+        prompt_text(args.system, "--system")
     if (args.chat or args.system is not None) and args.prompt is None:
         raise ConfigError("--chat/--system format a --prompt text; they do not apply to --prompt-ids")
     if args.system is not None and not args.chat:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets, quiet_mlflow
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.sweep.attrs import read_settings
+from dlm_toolkit.sweep.attrs import read_settings, trial_metrics, trial_plugin_hashes, trial_policy
 from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI
 # Metrics compared by `dlm replay`; wall time and tokens/s depend on the machine's load.
 DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token",
@@ -197,34 +197,37 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
     ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
     ``threads``: as :func:`~dlm_toolkit.evaluate.evaluate`'s."""
-    from dlm_toolkit.policy_config import load_policy
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
 
     study = load_study(storage, study_name)
-    settings = read_settings(study)
+    settings = read_settings(study)  # validated: the experiment file's schema, the task's arguments, n
     if not settings:
         raise ConfigError(f"study {study_name!r} has no stored experiment settings (not made by `dlm sweep`)")
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     trial = trials.get(number)
     if trial is None:
         raise ConfigError(f"--trial {number}: no such trial in study {study_name!r} (trials 0..{len(trials) - 1})")
-    policy_json = trial.user_attrs.get("policy")
-    if not policy_json:
+    policy = trial_policy(trial)
+    if policy is None:
+        error = trial.user_attrs.get("error")
+        error = error[:300] if isinstance(error, str) else None
         raise ConfigError(f"--trial {number}: trial has no stored policy (state {trial.state.name}"
-                          + (f", error: {trial.user_attrs['error']}" if trial.user_attrs.get("error") else "") + ")")
-    policy = load_policy(json.loads(policy_json))
-    if policy.config_hash() != trial.user_attrs.get("policy_hash", policy.config_hash()):
-        raise ConfigError(f"--trial {number}: stored policy does not match its stored hash")
+                          + (f", error: {error}" if error else "") + ")")
     from dlm_toolkit.provenance import changed_plugins, collect, plugin_hashes
 
-    warnings = changed_plugins(trial.user_attrs.get("plugin_hashes") or {}, plugin_hashes(collect(policy)))
+    warnings = changed_plugins(trial_plugin_hashes(trial), plugin_hashes(collect(policy)))
+    try:
+        task = get_task(settings["task"], **settings["task_args"])
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"study {study_name!r}: stored task_args: {err}") from None
     model, tokenizer = (load or load_checkpoint)(settings["model"])
-    task = get_task(settings["task"], **(settings.get("task_args") or {}))
     result = evaluate(model, tokenizer, task, policy, settings["n"], settings["seed"],
                       batch_size=settings["batch_size"], progress=False, threads=threads)
-    stored = trial.user_attrs.get("metrics") or {}
+    stored = trial_metrics(trial)
     metrics = {k: float(v) for k, v in result.metrics.items()}
     mismatches = [k for k in DETERMINISTIC_METRICS
                   if k in stored and abs(float(stored[k]) - metrics[k]) > 1e-9 * max(1.0, abs(metrics[k]))]

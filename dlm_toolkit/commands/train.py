@@ -1,4 +1,4 @@
-"""``dlm train CONFIG.yaml --out DIR [--resume] [--tracking-uri URI] [--set key=value ...] [--device D --dtype T --threads N]``.
+"""``dlm train CONFIG.yaml --out DIR [--resume | --overwrite] [--tracking-uri URI] [--set key=value ...] [--device D --dtype T --threads N]``.
 
 Wire into the main parser with ``register(subparsers)``; bad configs raise
 :class:`~dlm_toolkit.config.ConfigError` (the CLI exits 2 with the message).
@@ -22,7 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides |= {k: getattr(args, k) for k in ("device", "dtype") if getattr(args, k) is not None}
     config = load_train_config(args.config, overrides)
     out = train(config, args.out, tracking_uri=args.tracking_uri, progress=not args.no_progress,
-                resume=args.resume)
+                resume=args.resume, overwrite=args.overwrite)
     info = json.loads((out / "training.json").read_text())
     print(f"saved {out}  steps {info['steps']}  wall {info['wall_time_s']:.0f} s  "
           f"final loss {info['final_loss_smoothed']:.4f}")
@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run in --out from its last resume point (same config)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint (or other files train writes) already in --out; without it such "
+                        "a folder is refused")
     g = p.add_argument_group("where and how to run (override the config's device, dtype, threads)")
     g.add_argument("--device", help="cpu (default), cuda or cuda:N")
     g.add_argument("--dtype", help="compute dtype: float32 (default) or bfloat16 (autocast; weights stay float32)")

@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,8 +33,11 @@ from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from dlm_toolkit.files import atomic_write_many
+
 from .llada2 import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
-from .validate import CheckpointError, check_headers, check_special_ids, index_files, inside, listing, non_finite, read_json_object
+from .validate import (MAX_JSON_BYTES, MAX_WEIGHTS_BYTES, CheckpointError, check_headers, check_memory, check_special_ids,
+                       index_files, inside, listing, non_finite, read_json_object, regular)
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -47,7 +48,7 @@ SMALL_MODEL_NUMEL = 1 << 24  # parameters up to which load_model builds the mode
 
 def _read_config(path: Path) -> dict:
     file = path / "config.json"
-    if not file.is_file():
+    if not file.exists():
         raise CheckpointError(f"{file}: not found (a checkpoint folder needs config.json)")
     raw = read_json_object(inside(path, "config.json", "config"))
     if raw.get("model_type") != "llada2_moe":
@@ -61,14 +62,14 @@ def _tokenizer_ids(path: Path) -> tuple[int | None, int | None]:
         return None, None
     from tokenizers import Tokenizer
 
-    file = inside(path, "tokenizer.json", "tokenizer file")
+    file = regular(inside(path, "tokenizer.json", "tokenizer file"), MAX_JSON_BYTES["tokenizer"], "a tokenizer file")
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as e:  # the tokenizers library raises plain Exception for a corrupt file
         raise CheckpointError(f"{file}: not a readable tokenizer ({e})") from None
     eos = DEFAULT_EOS_TOKEN
     if (path / "tokenizer_config.json").is_file():
-        named = read_json_object(inside(path, "tokenizer_config.json", "tokenizer file")).get("eos_token") or eos
+        named = read_json_object(inside(path, "tokenizer_config.json", "tokenizer file"), "tokenizer").get("eos_token") or eos
         eos = named["content"] if isinstance(named, dict) else named
     return tok.token_to_id(MASK_TOKEN), tok.token_to_id(eos)
 
@@ -94,14 +95,14 @@ def _special_ids(path: Path, config: LLaDA2Config, mask_token_id: int | None, eo
 
 
 def _weight_files(path: Path) -> list[Path]:
-    if (path / SINGLE).is_file():
-        return [inside(path, SINGLE, "weights file")]
-    if (path / INDEX).is_file():
-        files = index_files(path, path / INDEX)
-        absent = [f.name for f in files if not f.is_file()]
+    if (path / SINGLE).exists():
+        return [regular(inside(path, SINGLE, "weights file"), MAX_WEIGHTS_BYTES, "a weights file")]
+    if (path / INDEX).exists():
+        files = index_files(path, inside(path, INDEX, "shard index"))
+        absent = [f.name for f in files if not f.exists()]
         if absent:
             raise CheckpointError(f"{path / INDEX}: " + listing("shards listed but not found", absent))
-        return files
+        return [regular(f, MAX_WEIGHTS_BYTES, "a weights file") for f in files]
     if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
         raise CheckpointError(
             f"{path}: only pickled PyTorch weights found. dlm-toolkit never unpickles checkpoints; convert "
@@ -156,6 +157,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     mask, eos = _special_ids(path, config, mask_token_id, eos_token_id)
     stored = _read_headers(_weight_files(path))
     check_headers(path, config, stored)
+    check_memory(path, config, dtype, torch.device(device), tp.world)
 
     # A large model is built on the meta device (no allocation, no init) and filled from the
     # file. A small one is built in place: its init costs milliseconds, while the first meta
@@ -198,27 +200,15 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
     return model
 
 
-def _write_atomically(path: Path, files: dict[str, Callable[[Path], object]]) -> None:
-    """Write every file under a temporary name, then rename them all into place; on failure
-    remove the temporaries so the folder holds nothing half-written."""
-    tmp = {name: path / f".tmp-{uuid.uuid4().hex}-{name}" for name in files}
-    try:
-        for name, write in files.items():
-            write(tmp[name])
-    except BaseException:
-        for t in tmp.values():
-            t.unlink(missing_ok=True)
-        raise
-    for name, t in tmp.items():
-        os.replace(t, path / name)
-
-
 def save_model(model: LLaDA2MoeModelLM, path: str | os.PathLike, max_shard_bytes: int | None = None) -> None:
     """Write ``config.json`` and the weights (one ``model.safetensors``, or shards of at most
     ``max_shard_bytes`` plus ``model.safetensors.index.json``) under the official names.
 
     The config keeps every key it was read with and adds ``mask_token_id``/``eos_token_id``.
-    Stale weight files of the other layout in ``path`` are removed after the new ones are in place.
+    Every file goes to a temporary name first and all are renamed into place once complete
+    (:func:`dlm_toolkit.files.atomic_write_many`): a kill or a full disk leaves the previous
+    checkpoint as it was (a full disk raises :class:`~dlm_toolkit.files.NoSpaceError`). Stale
+    weight files of the other layout in ``path`` are removed after the new ones are in place.
     """
     if max_shard_bytes is not None and max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
@@ -258,7 +248,12 @@ def save_model(model: LLaDA2MoeModelLM, path: str | os.PathLike, max_shard_bytes
                  "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
         files.update({name: writer(shard) for name, shard in zip(names, shards)})
         files[INDEX] = lambda file: file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    _write_atomically(path, files)
+    atomic_write_many(path, files)
+    remove_stale_weights(path, keep=set(files))
+
+
+def remove_stale_weights(path: Path, keep: set[str]) -> None:
+    """Remove weight files of ``path`` not in ``keep`` (the other layout's, after a new save)."""
     for stale in [path / SINGLE, path / INDEX, *path.glob("model-*-of-*.safetensors")]:
-        if stale.name not in files and stale.exists():
+        if stale.name not in keep and stale.exists():
             stale.unlink()

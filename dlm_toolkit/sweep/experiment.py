@@ -241,7 +241,7 @@ def load_experiment(
         where = "experiment"
     else:
         path = Path(source)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"cannot read experiment file {path}: no such file")
         data = read_mapping_file(path)  # bounded: size limit, no YAML aliases
         folder = path.resolve().parent
@@ -313,12 +313,15 @@ def validate_experiment(exp: Experiment) -> None:
 def _check_task(exp: Experiment) -> None:
     from dlm_toolkit.tasks import get_task
 
+    from dlm_toolkit.evaluate import check_n
+
     try:
-        get_task(exp.task, **exp.task_args)
+        task = get_task(exp.task, **exp.task_args)
     except ValueError as err:
         raise ConfigError(f"task: {err}") from None
     except TypeError as err:
         raise ConfigError(f"task_args: {err}") from None
+    check_n(task, exp.n, split=False)  # n past the split takes all of it; a generated task is bounded
 
 
 def _check_sampler(exp: Experiment) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from dlm_toolkit.files import atomic_write, replacing, write_text
+
 HV_REFERENCE = (0.0, 0.0)
 """Reference point (accuracy, TPF) of :func:`hypervolume_2d`."""
 
@@ -220,7 +222,7 @@ def summarize(study: Any) -> ParetoSummary:
     """The summary of an Optuna study created by ``dlm sweep`` (objectives from its settings)."""
     from optuna.trial import TrialState
 
-    from dlm_toolkit.sweep.attrs import read_settings
+    from dlm_toolkit.sweep.attrs import read_settings, trial_metrics, trial_outcomes, trial_text
 
     settings = read_settings(study) or {}
     objectives = settings.get("objectives") or {f"objective_{i}": d.name.lower() for i, d in enumerate(study.directions)}
@@ -234,11 +236,11 @@ def summarize(study: Any) -> ParetoSummary:
         if t.user_attrs.get("duplicate_of") is not None:  # its original already stands for the policy
             counts["duplicates"] = counts.get("duplicates", 0) + 1
             continue
-        metrics = dict(t.user_attrs.get("metrics") or {})
+        metrics = trial_metrics(t)
         for name, value in zip(objectives, t.values or []):
             metrics.setdefault(name, value)
-        points.append(TrialPoint(t.number, metrics, dict(t.params), t.user_attrs.get("preset"),
-                                 t.user_attrs.get("policy_hash"), t.user_attrs.get("outcomes")))
+        points.append(TrialPoint(t.number, metrics, dict(t.params), trial_text(t, "preset"),
+                                 trial_text(t, "policy_hash"), trial_outcomes(t)))
     return summarize_points(study.study_name, objectives, points, counts,
                             preset_names=[preset_label(p) for p in settings.get("presets_to_enqueue") or []])
 
@@ -313,7 +315,7 @@ def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
     param_keys = sorted({k for p in summary.points for k in p.params})
     head = ["trial", "preset", "on_front", *metric_keys, *[f"dominates_{n}" for n in summary.presets],
             *[f"tied_accuracy {n}" for n in summary.presets], *[f"param {k}" for k in param_keys], "policy_hash"]
-    with path.open("w", newline="") as f:
+    with replacing(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
         for p in sorted(summary.points, key=lambda p: p.trial):
@@ -327,7 +329,7 @@ def write_csv(summary: ParetoSummary, path: str | Path) -> Path:
 
 def write_json(summary: ParetoSummary, path: str | Path) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(summary.to_json(), indent=1, default=str) + "\n")
+    write_text(path, json.dumps(summary.to_json(), indent=1, default=str) + "\n")
     return path
 
 
@@ -341,8 +343,10 @@ def plot(summary: ParetoSummary, path: str | Path) -> Path:
 
     path = Path(path)
     fig = figure(summary)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -10,6 +10,7 @@ import json
 import time
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from dlm_toolkit.config import ConfigError
@@ -59,6 +60,38 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
         raise ConfigError(f"storage {hide_password(url)!r}: cannot open: {first_line(err)}") from None
 
 
+def new_sqlite_files(*urls: str) -> list[Path]:
+    """The SQLite database files ``urls`` name that do not exist yet (a command may create them)."""
+    from dlm_toolkit.sweep.uris import sqlite_file
+
+    files = [sqlite_file(url) for url in urls]
+    return [f for f in files if f is not None and not f.exists()]
+
+
+def remove_unused(files: list[Path]) -> None:
+    """Remove SQLite stores a failed command created and left without a trial or a run (with their
+    journals), so a refused command leaves no empty store behind. A store that holds any trial or
+    run, or that cannot be read as one, is kept."""
+    import sqlite3
+
+    for db in files:
+        if not db.is_file():
+            continue
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                used = any(con.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in ("trials", "runs")
+                           if t in tables)
+            finally:
+                con.close()
+        except sqlite3.Error:
+            continue
+        if not used:
+            for suffix in ("", "-journal", "-wal", "-shm"):
+                (db.parent / f"{db.name}{suffix}").unlink(missing_ok=True)
+
+
 def load_study(storage: str | Any, study_name: str) -> Any:
     """An existing study (``ConfigError`` listing the storage's studies if there is none)."""
     import optuna
@@ -71,12 +104,19 @@ def load_study(storage: str | Any, study_name: str) -> Any:
         if db is not None and not db.exists():
             raise ConfigError(f"storage {storage!r}: database file {db} does not exist")
     store = open_storage(storage, heartbeat_interval=None) if isinstance(storage, str) else storage
+    where = hide_password(str(getattr(store, "url", storage)))
     try:
-        return optuna.load_study(study_name=study_name, storage=store)
+        study = optuna.load_study(study_name=study_name, storage=store)
+        # Optuna decodes every attribute from JSON as it reads it: read them all now, so an attribute
+        # nested 100,000 deep in a tampered store fails here with one line, not anywhere later.
+        _ = study.user_attrs, study.get_trials(deepcopy=False)
     except KeyError:
         names = optuna.get_all_study_names(store)
-        raise ConfigError(f"no study named {study_name!r} in {hide_password(str(getattr(store, 'url', storage)))}"
-                          f" (studies: {', '.join(names) or 'none'})") from None
+        raise ConfigError(f"no study named {study_name!r} in {where} (studies: {', '.join(names) or 'none'})") from None
+    except RecursionError:
+        raise ConfigError(f"study {study_name!r} in {where}: an attribute holds JSON nested too deeply to read "
+                          "(the store was not written by dlm sweep)") from None
+    return study
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:

@@ -52,6 +52,7 @@ from dlm_toolkit.registry import set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment, load_experiment
 from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
+from dlm_toolkit.sweep.storage import new_sqlite_files, remove_unused
 from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
                                        StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
 from dlm_toolkit.sweep.tracking import Tracker, TrackingLost
@@ -176,9 +177,11 @@ def run_sweep(
         raise ConfigError(f"workers: must be an integer >= 1 (got {workers!r})")
     if isinstance(reconnect_s, bool) or not isinstance(reconnect_s, (int, float)) or not 0 <= reconnect_s <= 86400:
         raise ConfigError(f"reconnect_s: must be a number of seconds in [0, 86400] (got {reconnect_s!r})")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"threads: must be an integer >= 1 (got {threads!r})")
-    threads = threads or exp.threads
+    threads = exp.threads if threads is None else threads
+    if threads is not None:
+        from dlm_toolkit.runtime import resolve_threads
+
+        resolve_threads(threads, small_model=True)  # an integer from 1 to the CPU count
     if exp.allow_import:  # the experiment opted in to package.module:Class names
         set_allow_imports(True)
 
@@ -190,6 +193,7 @@ def run_sweep(
     # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
     spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
                for _ in range(1, workers)]
+    created = new_sqlite_files(storage, tracking_uri)
     try:
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
                                                            grace_period, placement[0], dtype)
@@ -198,6 +202,7 @@ def run_sweep(
         parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
     except BaseException:
         dismiss(spawned)
+        remove_unused(created)  # a refused sweep leaves no empty store behind
         raise
     bar = SweepProgress(study, n_trials, enabled=progress,  # parent charts: one point per finished trial
                         on_summary=lambda summary: tracker.log_front_metrics(parent, summary))

@@ -3,7 +3,6 @@ evaluates trials of a study (model loaded once, one MLflow run per trial) until 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -13,6 +12,7 @@ from typing import Any, Mapping
 
 from dlm_toolkit import provenance
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.files import parse_json
 from dlm_toolkit.policy_config import load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
@@ -135,7 +135,7 @@ class TrialRunner:
             trial.set_user_attr("mlflow_run_id", run.run_id)
             trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
             if preset:
-                policy = load_policy(json.loads(trial.user_attrs["preset_policy"]))
+                policy = load_policy(parse_json(trial.user_attrs["preset_policy"], f"trial {trial.number}: preset_policy"))
                 fixed = preset_params(exp, policy)  # enqueued as fixed params: suggest returns them
                 params = {k: exp.search_space[k].suggest(trial, k) for k in fixed}
             else:

