@@ -1,6 +1,7 @@
 """README's two commands stay true."""
 
 import re
+import tomllib
 
 from conftest import REPO
 
@@ -16,7 +17,12 @@ def test_ci_runs_readme_test_command():
     assert tests in ci.splitlines()
     script = re.fullmatch(r"bash (\S+)", tests).group(1)
     lines = (REPO / script).read_text().splitlines()
-    assert "bash scripts/install-test-deps.sh" in lines and lines[-1] == 'exec .venv/bin/python -m pytest "$@"'
+    assert "bash scripts/install-test-deps.sh" in lines
+    # the venv's pytest, README's arguments passed on, test files spread over the workers (xdist is
+    # in the test extra, so a fresh venv has it)
+    assert lines[-1] == 'exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"'
+    assert any(dep.startswith("pytest-xdist==") for dep in tomllib.loads((REPO / "pyproject.toml").read_text())
+               ["project"]["optional-dependencies"]["test"])
 
 
 STUB = "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> {log}\n{then}\n"
