@@ -566,3 +566,66 @@ def test_an_unreachable_tracking_server_is_reported_once(tmp_path):
     with pytest.raises(TrackingLost):
         tracker._call(lambda: calls.append("later"))
     assert calls == ["answered", "refused"]
+
+
+def _unique_violation():
+    """The exception MLflow's SQL store raises when a concurrent writer inserted the row first: a real
+    sqlalchemy IntegrityError from a real unique key, wrapped as ``ManagedSessionMaker`` wraps it."""
+    import sqlalchemy
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import BAD_REQUEST
+
+    engine = sqlalchemy.create_engine("sqlite://")
+    with engine.begin() as con:
+        con.exec_driver_sql("create table tags (key text, run_uuid text, value text, primary key (key, run_uuid))")
+        con.exec_driver_sql("insert into tags values ('on_front', 'r', 'true')")
+    try:
+        with engine.begin() as con:
+            con.exec_driver_sql("insert into tags values ('on_front', 'r', 'false')")
+    except sqlalchemy.exc.IntegrityError as err:
+        return MlflowException(message=err, error_code=BAD_REQUEST)
+    raise AssertionError("no unique violation")
+
+
+def test_a_tag_written_by_two_workers_at_once_is_retried(tmp_path):
+    """Two sweeps ending together both tag ``on_front`` on the same runs; MLflow's set_tag reads then
+    inserts, so the slower one hits the unique key (seen in CI on PostgreSQL). The same call again
+    updates the row; a clash that persists is raised after two retries; an existing experiment name
+    (a real conflict) is raised at once."""
+    from mlflow.exceptions import MlflowException
+
+    from dlm_toolkit.sweep.tracking import Tracker
+
+    tracker = Tracker(h.tracking_uri(tmp_path), "x")
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    calls = []
+
+    def set_tag_losing_once(value):
+        calls.append(value)
+        if len(calls) == 1:
+            tracker.client.set_tag(run_id, "on_front", "false")  # the other worker wins the insert
+            raise _unique_violation()
+        tracker.client.set_tag(run_id, "on_front", value)
+
+    tracker._call(set_tag_losing_once, "true")
+    assert calls == ["true", "true"]
+    assert tracker.client.get_run(run_id).data.tags["on_front"] == "true"
+
+    calls.clear()
+
+    def always_clashing():
+        calls.append(1)
+        raise _unique_violation()
+
+    with pytest.raises(MlflowException, match="IntegrityError"):
+        tracker._call(always_clashing)
+    assert len(calls) == 3
+    calls.clear()
+
+    def existing_name():
+        calls.append(1)
+        tracker.client.create_experiment("x")
+
+    with pytest.raises(MlflowException, match="already exists"):
+        tracker._call(existing_name)
+    assert calls == [1]

@@ -73,14 +73,31 @@ def runs_table_url(base: str, experiment_id: str) -> str:
             f"&viewStateShareKey={RUNS_VIEW_KEY}")
 
 
+def _clash(err: BaseException) -> bool:
+    """Two writers inserted the same row at once: MLflow's ``set_tag`` reads the tag, then inserts
+    it when absent, so two workers tagging one run (``on_front`` at the end of their sweeps) can
+    both insert; the loser gets a unique-key violation, and the same call again updates the row
+    the winner wrote. An existing experiment name is a real conflict, not a race to retry."""
+    text = str(err)
+    if getattr(err, "error_code", None) == "RESOURCE_ALREADY_EXISTS":
+        return False
+    return any(s in text for s in ("IntegrityError", "UniqueViolation", "UNIQUE constraint failed",
+                                   "duplicate key value violates unique constraint"))
+
+
 def _retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call an MLflow client method, retrying SQLite lock errors from concurrent workers."""
+    """Call an MLflow client method, retrying SQLite lock errors and unique-key races (see
+    :func:`_clash`) from concurrent workers; a clash is retried twice at most, since a row that
+    still clashes is no race."""
     delay = 0.25
+    clashes = 0
     for attempt in range(6):
         try:
             return fn(*args, **kwargs)
         except Exception as err:
-            if "locked" not in str(err).lower() or attempt == 5:
+            clash = _clash(err)
+            clashes += clash
+            if attempt == 5 or clashes > 2 or not (clash or "locked" in str(err).lower()):
                 raise
             time.sleep(delay)
             delay *= 2
