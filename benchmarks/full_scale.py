@@ -32,6 +32,7 @@ import platform
 import resource
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -82,25 +83,28 @@ def prompts(cfg: LLaDA2Config, batch: int) -> list[list[int]]:
 @torch.no_grad()
 def random_model(cfg: LLaDA2Config, dtype: torch.dtype, device: torch.device, tp: TensorParallel,
                  logit_scale: float, seed: int = 0) -> LLaDA2MoeModelLM:
-    """This rank's shard with N(0, initializer_range) weights drawn on the device (a CPU init of
-    16B parameters would take minutes), unit norms, a zero expert bias, a scaled lm_head."""
+    """This rank's shard of one random model, the same model on any number of ranks: each
+    checkpoint tensor is N(0, initializer_range) from a generator keyed by (seed, tensor name),
+    drawn on the device (a CPU init of 16B parameters would take minutes) at its full size and
+    sliced to this rank's part, so a 2-rank run decodes the model a 1-rank run decodes. Experts
+    are tensors of their own, so a rank draws only the experts it holds. Unit norms, a zero expert
+    bias, a scaled lm_head without the mask token."""
     with torch.device("meta"):
         model = LLaDA2MoeModelLM(cfg, dtype=dtype, tp=tp)
+        full = LLaDA2MoeModelLM(cfg, dtype=dtype) if tp.world > 1 else model
+    full_shapes = {name: t.shape for name, t in full.state_dict().items()}
     model.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed + tp.rank)
+    gen = torch.Generator(device=device)
     for name, t in model.state_dict().items():
         if name.endswith("norm.weight"):
             t.fill_(1.0)
         elif name.endswith("expert_bias"):
             t.zero_()
         else:
-            t.normal_(0.0, cfg.initializer_range, generator=gen)
-    if tp.world > 1:  # replicated weights (embeddings, routers, lm_head) must agree on every rank
-        gen.manual_seed(seed)
-        for name, t in model.state_dict().items():
-            if model.checkpoint_slices(name) == [()] and ".experts." not in name \
-                    and not name.endswith(("norm.weight", "expert_bias")):
-                t.normal_(0.0, cfg.initializer_range, generator=gen)
+            gen.manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
+            whole = torch.empty(full_shapes[name], dtype=t.dtype, device=device).normal_(
+                0.0, cfg.initializer_range, generator=gen)
+            t.copy_(torch.cat([whole[s] for s in model.checkpoint_slices(name)]))
     model.lm_head.weight.mul_(logit_scale)
     model.lm_head.weight[cfg.mask_token_id].zero_()
     return model.eval()

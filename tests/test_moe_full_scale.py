@@ -145,3 +145,21 @@ def test_cpu_machine_refuses_the_full_shapes():
         pytest.skip("this check is about machines without CUDA")
     proc = run_bounded([sys.executable, "benchmarks/full_scale.py", "--shape", "mini"])
     assert proc.returncode == 2 and "--shape mini: needs CUDA" in proc.stderr
+
+
+def test_benchmark_random_model_is_the_same_model_on_one_and_two_ranks():
+    """The 2-rank benchmark decodes the model the 1-rank one decodes, so their numbers compare: every
+    tensor of each rank's shard is that rank's part of the 1-rank tensor (experts: the same experts)."""
+    cfg, cpu = full_scale.config("smoke", 2), torch.device("cpu")
+    whole = full_scale.random_model(cfg, torch.float32, cpu, TensorParallel(), logit_scale=30.0).state_dict()
+    held = set()
+    for rank in (0, 1):
+        tp = TensorParallel(rank=rank, world=2)
+        shard = full_scale.random_model(cfg, torch.float32, cpu, tp, logit_scale=30.0)
+        for key, t in shard.state_dict().items():
+            want = torch.cat([whole[key][s] for s in shard.checkpoint_slices(key)])
+            assert torch.equal(t, want), (rank, key)
+            held.add(key)
+    assert held == set(whole)  # the two shards hold every expert between them
+    assert not torch.equal(whole["model.layers.1.mlp.experts.0.up_proj.weight"],
+                           whole["model.layers.1.mlp.experts.1.up_proj.weight"])
