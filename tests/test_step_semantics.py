@@ -237,15 +237,16 @@ def _reference_topk_lowconf(model, prompt: list[int], gen_length: int, block_len
             "nfe": nfe, "remasks": remasks}
 
 
-@pytest.mark.parametrize("seed", [3, 5])
-def test_firing_remask_rule_on_a_real_model_matches_a_reference_loop(seed):
+@pytest.mark.parametrize("seed, post", [(3, 0), (5, 0), (3, 2)])
+def test_firing_remask_rule_on_a_real_model_matches_a_reference_loop(seed, post):
     """A tiny LLaDA2 with ``low_confidence`` remasking that fires many times per block: tokens, NFE
     and remask counts equal a plain reference loop, with and without the KV cache, in a batch and
     alone. The engine's count of masks left in the block must include the remasked positions, or
-    blocks end early (masks left) or run into the per-block forward limit."""
+    blocks end early (masks left) or run into the per-block forward limit. Without post steps,
+    a block whose mask count is thought to be zero while masks remain ends at once."""
     torch.manual_seed(0)
     model = tiny_llada2(seed=seed)
-    bl, steps, th, post = 8, 4, 0.9, 2
+    bl, steps, th = 8, 4, 0.9
     pol = _policy({"name": "topk", "params": {"steps_per_block": steps}},
                   {"params": {"block_length": bl, "max_post_steps": post, "eos_early_stop": False}},
                   remask={"name": "low_confidence", "params": {"threshold": th}})
