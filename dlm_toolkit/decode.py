@@ -48,6 +48,7 @@ from dlm_toolkit.trajectory import Trajectory
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a captured step is built for; larger batches are split
 CaptureMode = Literal["eager", "compile", "cuda_graphs"]
+COMPILE_BACKEND = "inductor"  # torch.compile backend of capture="compile" (tests use "aot_eager": same graph, no codegen)
 
 
 def decode(
@@ -282,14 +283,14 @@ class StepEngine:
 
     # -- one step's forward -----------------------------------------------------------------
     def pattern(self, pos: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        """(N, T, T) bool attention among the forward's own positions: real keys the schedule's
-        groups allow (every real key for full attention); each query sees itself (no empty row)."""
+        """(N, T, T) bool attention among the forward's own positions: a real query sees the real keys
+        the schedule's groups allow (every real key for full attention); a padding query sees only
+        itself (no empty row, nothing that could leak into real positions)."""
         t = pos.shape[1]
-        if self.full:
-            allowed = real[:, None, :].expand(-1, t, -1)
-        else:
+        allowed = real[:, None, :] & real[:, :, None]
+        if not self.full:
             group = self.blocks.attention_groups(self.state, self.state.all_rows, pos)
-            allowed = real[:, None, :] & (group[:, None, :] <= group[:, :, None])
+            allowed = allowed & (group[:, None, :] <= group[:, :, None])
         return allowed | torch.eye(t, dtype=torch.bool, device=pos.device)
 
     def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -304,9 +305,12 @@ class StepEngine:
             pos = hi[:, None] - width + torch.arange(width, device=s.device)
             real = live[:, None] & (pos >= s.cache_len[:, None])
             self.overflow |= (live & (hi - s.cache_len > width)).any()
-        else:  # the whole canvas; keys past the window's end (or the row's canvas) are padding
+        elif self.full:  # the row's whole canvas, left-padded so its last query is real
+            pos = s.length[:, None] - self.length + self.canvas_pos
+            real = live[:, None] & (pos >= 0)
+        else:  # the whole canvas; positions from the window's end on are padding
             pos = self.canvas_pos
-            real = live[:, None] & (pos < (s.length if self.full else hi)[:, None])
+            real = live[:, None] & (pos < hi[:, None])
         first = pos[:, :1]  # the span's start (may be negative: left padding)
         pos = pos.clamp(0, self.length - 1)
         ids = s.canvas.gather(1, pos)
@@ -318,7 +322,8 @@ class StepEngine:
             cache_group = blocks.attention_groups(s, rows, self.canvas_pos)  # (N, S)
             group = blocks.attention_groups(s, rows, pos)  # (N, T)
             in_cache = self.canvas_pos < s.cache_len[:, None]
-            allowed = torch.cat([in_cache[:, None, :] & (cache_group[:, None, :] <= group[:, :, None]), allowed], -1)
+            seen = in_cache[:, None, :] & real[:, :, None] & (cache_group[:, None, :] <= group[:, :, None])
+            allowed = torch.cat([seen, allowed], -1)
             logits = self.runner(width)(ids, pos, allowed, real & (pos < boundary[:, None]))
             s.cache_len = torch.where(live, boundary, s.cache_len)
         else:
@@ -353,7 +358,7 @@ class StepEngine:
                 def fn(ids, pos, allowed):
                     return model.forward_window(ids, pos, allowed)
             store[key] = StepRunner(fn, f"model forward (batch {s.batch_size}, width {width}, canvas {self.length})",
-                                    self.mode)
+                                    self.mode, backend=COMPILE_BACKEND)
         return store[key]
 
 

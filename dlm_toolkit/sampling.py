@@ -21,7 +21,7 @@ import torch
 
 from dlm_toolkit.config import SamplingConfig
 
-# (B, W, V) uniforms in [0, 1) of a dtype, each row from its own stream (StepContext.rand)
+# (B, W, V) uniforms in [0, 1) of a dtype, keyed per row (StepContext.rand, dlm_toolkit.rng)
 RandFn = Callable[..., torch.Tensor]
 
 

@@ -159,9 +159,10 @@ class _SecretlyRandom(UnmaskRule):
         return top1(ctx.rand(), ctx.fillable)
 
 
-class _OneStreamForAll(UnmaskRule):  # draws every row's numbers from the first row's stream
+class _OneStreamForAll(UnmaskRule):  # draws every row's numbers from a stream keyed by the first row's seed
     def __call__(self, ctx):
-        return top1(torch.rand(ctx.confidence.shape, generator=ctx.generators[0]), ctx.fillable)
+        gen = torch.Generator(device=ctx.device).manual_seed(int(ctx.seeds[0]))
+        return top1(torch.rand(ctx.confidence.shape, generator=gen, device=ctx.device), ctx.fillable)
 
 
 class _CommitsOutsideBlock(UnmaskRule):  # commits masks anywhere in the window

@@ -72,14 +72,15 @@ def syncs_per_forward(model, policy, prompts=((1, 2, 3), (4, 5, 6, 7, 8, 9))):
 
 
 @pytest.mark.parametrize("preset", ["llada2.1-q", "llada2.1-s", "llada-lowconf"])
-def test_two_host_syncs_per_step(preset):
-    """Per forward the engine reads the device twice: the rows to forward together with the last
-    step's contract checks, and the window's shapes. Rules, checks and writes add none."""
+def test_one_host_read_per_step(preset):
+    """Per forward the engine reads the device once (whether any row is live, the span the next
+    forward needs, the last step's contract checks: one small vector). Rules, checks and writes
+    add none."""
     model = ScriptedLM(mixing_logits(V, seed=1), V, MASK, EOS)
     overrides = {"blocks.params.block_length": 4, "blocks.params.eos_early_stop": False}
     if preset == "llada-lowconf":
         overrides["m2t.params.steps_per_block"] = 4
-    assert syncs_per_forward(model, DecodingPolicy(preset, **overrides)) == 2
+    assert syncs_per_forward(model, DecodingPolicy(preset, **overrides)) == 1
 
 
 @pytest.mark.parametrize("overrides", [{"m2t.name": "klass"}, {"m2t.name": "credit"}, {"remask.name": "remdm"},
@@ -89,7 +90,7 @@ def test_stateful_random_and_mbe_policies_add_no_sync(overrides):
     model = ScriptedLM(mixing_logits(V, seed=2), V, MASK, EOS)
     policy = DecodingPolicy("llada2.1-s", **{"blocks.params.block_length": 4, **overrides,
                                              "blocks.params.eos_early_stop": False})
-    assert syncs_per_forward(model, policy) == 2
+    assert syncs_per_forward(model, policy) == 1
 
 
 def test_llada2_decode_allocates_nothing_off_the_model_device():
