@@ -56,10 +56,17 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 @dataclass
 class KVCache:
-    """Prefix KV cache of finished positions: per layer K and V of shape (rows, nkv, max_length, D).
+    """Prefix KV cache of finished positions: per layer K and V of shape (rows, nkv, max_length + 1, D).
 
     Keys are stored after RoPE, at their absolute position. The engine decides which window
     positions are written (``cache_write``) and which cache row each window row uses.
+
+    The last slot (index ``max_length``) is a spare nobody reads: a forward writes every window
+    entry of a row at once, the entries not chosen by ``cache_write`` redirected there, so a write
+    is one fixed-shape ``index_put_`` that needs no ``nonzero`` (a host read) and can be captured
+    in a CUDA graph. Several redirected entries may land on the spare in one write; which one
+    wins does not matter. (Writing the old values back instead would race with a chosen entry
+    at the same position.)
     """
 
     k: list[torch.Tensor]
@@ -71,7 +78,7 @@ class KVCache:
 
     @property
     def max_length(self) -> int:
-        return self.k[0].shape[2]
+        return self.k[0].shape[2] - 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -94,9 +101,10 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
         self.dense = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False, dtype=dtype)
 
-    def forward(self, x, cos, sin, mask, cache_kv=None, cache_rows=None, write_at=None):
+    def forward(self, x, cos, sin, mask, cache_kv=None, cache_rows=None, write_pos=None):
         """x (B, T, H); mask (B, 1, T, S+T) bool; cache_kv = (K, V) of one layer or None;
-        write_at = (window rows, window cols, cache rows, positions) of the entries to store."""
+        cache_rows (B,) long; write_pos (B, T) long: the cache position each window entry is
+        stored at (the spare slot for entries not stored, see :class:`KVCache`), or None."""
         B, T, _ = x.shape
         qkv = self.query_key_value(x).view(B, T, self.nq + 2 * self.nkv, self.hd).transpose(1, 2)
         q, k, v = qkv.split([self.nq, self.nkv, self.nkv], dim=1)  # (B, nq|nkv|nkv, T, D)
@@ -112,10 +120,10 @@ class Attention(nn.Module):
         # A query with no allowed key (padding) gives NaN on some backends; NaN values would leak
         # into other rows through 0 * NaN in later layers, so such rows output exactly zero.
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-        if write_at is not None:
-            bi, ti, rows, pos = write_at
-            cache_kv[0][rows, :, pos] = k[bi, :, ti]  # (n, nkv, D)
-            cache_kv[1][rows, :, pos] = v[bi, :, ti]
+        if write_pos is not None:  # after the read above: the window's own keys come from k, v
+            rows = cache_rows[:, None].expand(B, T)
+            cache_kv[0][rows, :, write_pos] = k.transpose(1, 2)  # (B, T, nkv, D) at (row, :, pos)
+            cache_kv[1][rows, :, write_pos] = v.transpose(1, 2)
         return self.dense(out.transpose(1, 2).reshape(B, T, self.nq * self.hd))
 
 

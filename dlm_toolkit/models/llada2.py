@@ -46,8 +46,8 @@ class DecoderLayer(nn.Module):
         dense = layer < cfg.first_k_dense_replace
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size // tp.world, dtype) if dense else MoE(cfg, dtype, tp)
 
-    def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_at, trace):
-        attn = self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_at)
+    def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace):
+        attn = self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_pos)
         h = h + self.tp.all_reduce(attn)
         x = self.post_attention_layernorm(h)
         mlp = self.mlp(x, trace, self.layer) if isinstance(self.mlp, MoE) else self.mlp(x)
@@ -149,7 +149,7 @@ class LLaDA2MoeModelLM(nn.Module):
     def new_cache(self, batch_size: int, max_length: int) -> KVCache:
         cfg, dev = self.config, self.lm_head.weight.device
         kv_lo, kv_hi = self.tp.kv_heads(cfg.num_key_value_heads)  # this rank's KV heads
-        shape = (batch_size, kv_hi - kv_lo, max_length, cfg.head_dim)
+        shape = (batch_size, kv_hi - kv_lo, max_length + 1, cfg.head_dim)  # + the spare slot (see KVCache)
         n = cfg.num_hidden_layers
         return KVCache([torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(n)],
                        [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(n)])
@@ -161,6 +161,12 @@ class LLaDA2MoeModelLM(nn.Module):
         With ``return_intermediates`` also returns a dict with ``embeddings``, ``layer_out.{i}``,
         ``final_norm`` and, per MoE layer, ``router_logits.{i}``, ``router_topk_idx.{i}``,
         ``router_topk_weight.{i}`` (the names of the conformance fixture).
+
+        Reads nothing back to the host (the checks here look at shapes only, which are Python
+        ints), so with fixed shapes it can be captured in a CUDA graph or compiled with
+        ``fullgraph=True``; the ``"reference"`` MoE path is the exception (it reads the counts).
+        Written positions must be below ``cache.max_length`` (not checked: that would be a host
+        read); ``cache.max_length`` itself is the spare slot.
         """
         B, T = input_ids.shape
         if position_ids.shape != (B, T):
@@ -172,13 +178,16 @@ class LLaDA2MoeModelLM(nn.Module):
         S = attn_mask.shape[2] - T
         if (S or cache_write is not None) and (cache is None or cache_rows is None):
             raise ValueError("a mask with cache columns (S > 0) or cache_write needs cache and cache_rows")
+        if cache_rows is not None and cache_rows.shape != (B,):
+            raise ValueError(f"cache_rows must have shape ({B},), got {tuple(cache_rows.shape)}")
+        if cache_write is not None and (cache_write.dtype != torch.bool or cache_write.shape != (B, T)):
+            raise ValueError(f"cache_write must be bool of shape ({B}, {T}), "
+                             f"got {cache_write.dtype} {tuple(cache_write.shape)}")
         if cache is not None and S > cache.max_length:
             raise ValueError(f"attn_mask has S={S} cache columns but the cache holds {cache.max_length} positions")
 
-        write_at = None
-        if cache_write is not None:
-            bi, ti = cache_write.nonzero(as_tuple=True)
-            write_at = (bi, ti, cache_rows[bi], position_ids[bi, ti])
+        # Entries not written go to the cache's spare slot: a fixed-shape write, no host read.
+        write_pos = None if cache_write is None else torch.where(cache_write, position_ids, cache.max_length)
         trace = {} if return_intermediates else None
         cos, sin = rope_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         mask = attn_mask[:, None]  # (B, 1, T, S+T), broadcast over heads
@@ -187,7 +196,7 @@ class LLaDA2MoeModelLM(nn.Module):
             trace["embeddings"] = h
         for i, layer in enumerate(self.model.layers):
             cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, cos, sin, mask, cache_kv, cache_rows, write_at, trace)
+            h = layer(h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace)
             if trace is not None:
                 trace[f"layer_out.{i}"] = h
         h = self.model.norm(h)

@@ -62,6 +62,26 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype == torch.bfloat16
 
 
+@torch.library.custom_op("dlm_toolkit::grouped_mm", mutates_args=())
+def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return F.grouped_mm(a, b, offs=offs)
+
+
+@_grouped_mm_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[-1])
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``F.grouped_mm(a, b, offs=offs)`` for a (M, K) and b (G, K, N). Under ``torch.compile`` it
+    goes through an opaque custom op: torch's own fake kernel accepts bfloat16 only (the CUDA
+    kernel's rule), which would make a float32 model on the CPU uncompilable; the op runs the same
+    kernel, so compiled and eager give the same bits. Eager calls skip the op's dispatch cost."""
+    if torch.compiler.is_compiling():
+        return _grouped_mm_op(a, b, offs)
+    return F.grouped_mm(a, b, offs=offs)
+
+
 def _aligned(t: torch.Tensor, align: int, dims: int = 1) -> torch.Tensor:
     """Zero-pad the last ``dims`` dims to multiples of ``align``: grouped GEMM (forward and
     backward) needs 16-byte aligned strides; zero rows/columns add nothing to any dot product
@@ -118,10 +138,10 @@ class Experts(nn.Module):
         token = order // K
         align = 16 // x.element_size()
         xs = _aligned(x[token], align)  # (N*K, H') expert-contiguous inputs
-        gate = F.grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs=offs)  # (N*K, I')
-        up = F.grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs=offs)
+        gate = _grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs)  # (N*K, I')
+        up = _grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs)
         down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
-        out = F.grouped_mm(F.silu(gate) * up, down, offs=offs)[:, :H]
+        out = _grouped_mm(F.silu(gate) * up, down, offs)[:, :H]
         out = out * weight.flatten()[order, None].to(x.dtype)
         if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
             out = torch.where(mine.flatten()[order, None], out, 0.0)
