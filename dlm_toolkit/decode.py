@@ -1,28 +1,38 @@
 """The decode loop. Read :func:`decode` first: everything else is plumbing for it.
 
-One iteration = one model forward (one NFE for every row in it):
-``blocks.prepare`` picks the rows that need a forward (finishing blocks that need none),
-``blocks.window`` says which positions' logits are used, the model runs with the attention
-pattern and KV-cache boundary the schedule declares, the policy's rules choose what to commit /
-edit / remask, the canvas is written, and ``blocks.finish_step`` ends converged blocks.
-Strategies keep no state; the :class:`DecodeState` holds it all.
+One iteration = one model forward (one NFE for every live row in it): ``blocks.prepare`` says
+which rows are live (finishing blocks that need no forward), ``blocks.window`` which positions'
+logits are used, the model runs with the attention pattern and KV-cache boundary the schedule
+declares, the policy's rules choose what to commit / edit / remask, the canvas is written, and
+``blocks.finish_step`` ends converged blocks. Strategies keep no state; the :class:`DecodeState`
+holds it all.
 
-Device: the model's device is the decode's device; every tensor is made there. Host syncs
-(the host waiting for the device to read a value) per step, each one needed by the algorithm:
+Shape-static: every row of the batch takes part in every forward, rows that are not live ride
+along with nothing real in them (their writes and counters are masked off), so the shapes of
+a decode's forwards never depend on the data. The context window is
+``blocks.window_width()`` positions; the forward spans it (KV cache on: a width of ``W``, or
+``W + block_length`` when the window's start moved past the cached prefix, e.g. the first step of
+a block writing the block before it; cache off: the whole canvas), with a KV cache of the whole
+canvas (``S = cache.max_length``): the cached length is data in the attention mask, not a shape.
+With the cache, the prompt's finished blocks enter it in one prefill forward before the first
+step (not an NFE; its positions count in ``forward_tokens`` as before).
 
-1. which rows forward now, together with the previous step's contract checks (one read);
-2. the window's shape (width, padded span, cached prefix length) and per-row real widths: the
-   forward's input shapes and the number of random draws per row depend on them.
-
-Everything else (rule contracts, NFE bounds, non-finite logits, canvas writes, block ends) stays
-on the device; a broken contract is raised at the next step's read, before anything is returned.
-The model may sync internally (e.g. the cache write); recording a trajectory reads every step.
+Host reads (the host waiting for the device): ONE per ``check_every`` steps (default every step),
+a small vector read with one ``.tolist()``: whether any row is live, the widest span a row
+needs from its cached prefix (which of the step widths the forward takes), whether the schedule
+broke the window/cache rules, and the contract checks of the steps since the last read (a broken
+contract raises there, before anything is returned). Nothing else in the loop reads the device:
+not the rules, the checks, the canvas writes, the block ends or the random draws (counter-based,
+:mod:`dlm_toolkit.rng`). The first read of a decode also gives the prefill's width. Recording a
+trajectory reads every step.
 """
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 
@@ -30,12 +40,14 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.policy import DecodingPolicy, StepChecks, StrategyError
-from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, validate_prompts
+from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
 
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a captured step is built for; larger batches are split
+CaptureMode = Literal["eager", "compile", "cuda_graphs"]
 
 
 def decode(
@@ -48,6 +60,9 @@ def decode(
     seed: int | Sequence[int] | None = 0,
     record: bool = False,
     allow_past_context: bool = False,
+    cuda_graphs: bool | None = None,
+    check_every: int = 1,
+    capture: CaptureMode | None = None,
 ) -> DecodeResult:
     """Decode a batch of prompts with a policy.
 
@@ -58,45 +73,102 @@ def decode(
         gen_length: generated positions per prompt (the output is cut after the first EOS).
         kv_cache: keep an exact prefix KV cache of finished blocks (block-causal models only);
             gives the same tokens and NFE as recomputing the prefix every forward.
-        seed: an int (row r draws from a stream seeded by ``row_seed(seed, r)``) or one seed per
-            prompt (used as is). Each row has its own stream, so sampling and random rules give a
-            row the same tokens whatever batch it is decoded in.
+        seed: an int (row r draws with the key ``row_seed(seed, r)``) or one seed per prompt (used
+            as is). Draws are keyed by (row seed, row step, position), so sampling and random rules
+            give a row the same tokens whatever batch it is decoded in.
         record: attach a :class:`~dlm_toolkit.trajectory.Trajectory` of every step.
         allow_past_context: decode even where the canvas (prompt + generation, whole blocks)
             runs past the model's ``max_position_embeddings``; refused by default, since the
             model has never seen those positions.
+        cuda_graphs: capture the model forward once per (batch bucket, width, canvas) in a CUDA
+            graph and replay it; ``None``: on when the model is on CUDA. Rows are padded to a
+            bucket of :data:`BUCKETS`; a larger batch is decoded in slices of the largest bucket.
+        check_every: steps between host reads (see the module docstring). The default 1 keeps
+            ``forward_calls`` as low as possible; larger values run up to that many forwards
+            without waiting for the host (tokens and NFE stay the same: rows that finished in
+            between ride along with nothing written).
+        capture: engineering knob overriding ``cuda_graphs``: ``"compile"`` runs each forward
+            through ``torch.compile(fullgraph=True, dynamic=False)`` (any device; the tests use
+            it on the CPU), ``"eager"`` plain calls.
     """
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
     blocks = policy.blocks
     device = model_device(model)
+    mode = capture_mode(cuda_graphs, capture, device)
+    if isinstance(check_every, bool) or not isinstance(check_every, int) or not 1 <= check_every <= 1024:
+        raise ConfigError(f"check_every: must be an integer in [1, 1024] (got {check_every!r})")
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
     if not allow_past_context:
         origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
-    state = DecodeState.start(
-        prompts, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size, seed, device
-    )
-    if kv_cache and model.supports_kv_cache and model.attention == "block_causal":
-        state.cache = model.new_cache(state.batch_size, state.canvas.shape[1])
-        state.cache_len = torch.zeros(state.batch_size, dtype=torch.long, device=device)
-    trajectory = Trajectory() if record else None
+    seeds = row_seeds(seed, len(prompts))
+    cached = kv_cache and model.supports_kv_cache and model.attention == "block_causal"
+    if mode == "eager":  # no capture to reuse: no bucket padding, no slicing
+        return decode_rows(model, prompts, seeds, policy, gen_length, cached, record, mode, check_every, len(prompts))
+    step = BUCKETS[-1]
+    parts = [decode_rows(model, prompts[i:i + step], seeds[i:i + step], policy, gen_length, cached, record, mode,
+                         check_every, bucket(len(prompts[i:i + step])))
+             for i in range(0, len(prompts), step)]
+    return DecodeResult.concat(parts, model.mask_token_id)
+
+
+def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: list[int], policy: DecodingPolicy,
+                gen_length: int, cached: bool, record: bool, mode: CaptureMode, check_every: int,
+                rows: int) -> DecodeResult:
+    """Decode ``prompts`` as a batch of ``rows`` rows (rows past the prompts pad a bucket and are
+    done from the start)."""
+    blocks = policy.blocks
+    n = len(prompts)
+    padded = list(prompts) + [prompts[0]] * (rows - n)
+    state = DecodeState.start(padded, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size,
+                              list(seeds) + [0] * (rows - n), model_device(model))
+    state.done[n:] = True
+    engine = StepEngine(model, blocks, state, cached, mode)
+    trajectory = Trajectory(n_rows=n) if record else None
     checks = StepChecks(policy, blocks.max_forwards_per_block())
     start = perf_counter()
     with torch.inference_mode():
-        while (ready := ready_rows(blocks.prepare(state), checks)) is not None:
-            rows, row_ids = ready
-            lo, hi = blocks.window(state, rows)
-            logits, start_pos, n_valid = forward_window(model, blocks, state, rows, lo, hi)  # (R, W, V)
-            ctx = step_context(policy, state, rows, row_ids, start_pos, lo, logits, n_valid)
+        since_read = check_every
+        while True:
+            live = blocks.prepare(state)
+            lo, hi = blocks.window(state, state.all_rows)
+            if since_read >= check_every:  # the one host read (module docstring)
+                if not engine.read(live, lo, hi, checks):
+                    break
+                since_read = 0
+            since_read += 1
+            logits = engine.forward(live, lo, hi)  # (N, W, V)
+            ctx = step_context(policy, state, live, lo, hi, logits)
             policy.step(ctx, state.memory)
             write(state, ctx)
             blocks.finish_step(state, ctx)
             checks.add(ctx, state)
             if trajectory is not None:
                 trajectory.add(ctx, state)
-    result = state.result(perf_counter() - start)
+    result = state.result(perf_counter() - start, n)
     result.trajectory = trajectory
     return result
+
+
+def bucket(n: int) -> int:
+    """The smallest batch bucket holding ``n`` rows (``n`` at most the largest bucket)."""
+    return next(b for b in BUCKETS if b >= n)
+
+
+def capture_mode(cuda_graphs: bool | None, capture: CaptureMode | None, device: torch.device) -> CaptureMode:
+    """How forwards run: ``capture`` if given, else CUDA graphs when asked for (or, by default,
+    when the model is on CUDA), else eagerly."""
+    if capture is not None:
+        if capture not in ("eager", "compile", "cuda_graphs"):
+            raise ConfigError(f"capture: must be 'eager', 'compile' or 'cuda_graphs' (got {capture!r})")
+        cuda_graphs = capture == "cuda_graphs"
+        if not cuda_graphs:
+            return capture
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise ConfigError(f"cuda_graphs: must be true, false or null (got {cuda_graphs!r})")
+    if cuda_graphs and device.type != "cuda":
+        raise ConfigError(f"cuda_graphs needs a CUDA device; the model is on {device.type}")
+    return "cuda_graphs" if (device.type == "cuda" if cuda_graphs is None else cuda_graphs) else "eager"
 
 
 def check_context(model: DiffusionLM, canvas: int, block_length: int, what: str = "the decode") -> None:
@@ -111,130 +183,234 @@ def check_context(model: DiffusionLM, canvas: int, block_length: int, what: str 
         )
 
 
-def ready_rows(ready: torch.Tensor, checks: StepChecks) -> tuple[torch.Tensor, list[int]] | None:
-    """Host sync 1: the rows to forward, as a tensor and as host ints (None when every row is
-    done), read together with the previous step's contract checks, which raise here if one failed."""
-    flags = checks.pending(ready.device)
-    host = torch.cat([ready.long(), flags.long()]).tolist()
-    n = ready.numel()
-    checks.raise_if_failed(host[n:])
-    rows = [r for r, v in enumerate(host[:n]) if v]
-    return (torch.tensor(rows, dtype=torch.long, device=ready.device), rows) if rows else None
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
-def forward_window(model: DiffusionLM, blocks: Any, state: DecodeState, rows: torch.Tensor, lo: torch.Tensor,
-                   hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """One forward for ``rows``: logits ``(R, W, V)`` for the window ``[start, hi)`` (real from ``lo``),
-    the window start ``start`` (R,) and the real width ``hi - lo`` of each row (host ints).
-
-    Each row forwards its own query span, left-padded so all spans end together: block-causal
-    with cache ``[cache_len, hi)`` (finished blocks not yet cached ride along and are written to
-    the cache), block-causal without cache ``[0, hi)``, full attention the whole canvas. Who
-    attends to whom is the schedule's ``attention_groups``; what enters the cache, its
-    ``cache_boundary``.
-    """
-    device = state.device
-    cached = state.cache is not None
-    full = model.attention == "full"
-    if full:
-        q_start, q_end = torch.zeros_like(lo), state.length[rows]
-    else:
-        q_start, q_end = (state.cache_len[rows] if cached else torch.zeros_like(lo)), hi
-    boundary = blocks.cache_boundary(state, rows, lo, hi) if cached else lo
-    cache_len = state.cache_len[rows] if cached else torch.zeros_like(lo)
-    # host sync 2: every shape of this forward, and whether the schedule broke the cache rules
-    widths = hi - lo
-    host = torch.cat([
-        widths, torch.stack([(q_end - q_start).max(), cache_len.max(),
-                             ((lo < q_start) | (boundary < cache_len) | (boundary > lo)).any().long()]),
-    ]).tolist()
-    n_valid, (span, n_cached, bad_cache) = host[: rows.numel()], host[rows.numel():]
-    if bad_cache:
-        raise StrategyError(
-            f"block schedule '{blocks.name}' moved a window start back into the KV cache, or declared a cache "
-            "boundary outside [cached length, window start]"
-        )
-    width = max(n_valid)
-    pos = q_end[:, None] - span + torch.arange(span, device=device)  # (R, T) absolute, left-padded
-    real = pos >= q_start[:, None]
-    ids = state.canvas[rows[:, None], pos.clamp(min=0)]  # (R, T)
-    if full:
-        allowed = real[:, None, :].expand(-1, span, -1)
-    else:
-        group = blocks.attention_groups(state, rows, pos)  # (R, T)
-        allowed = real[:, None, :] & (group[:, None, :] <= group[:, :, None])  # (R, T, T): query, key
-    eye = torch.eye(span, dtype=torch.bool, device=device)
-    allowed = allowed | eye  # padding queries see themselves: no NaN
-    kwargs: dict[str, Any] = {}
-    if cached:
-        cache_pos = torch.arange(n_cached, device=device).expand(rows.numel(), -1)  # (R, S)
-        cache_group = blocks.attention_groups(state, rows, cache_pos)
-        in_cache = cache_pos < cache_len[:, None]
-        allowed_cache = in_cache[:, None, :] & (cache_group[:, None, :] <= group[:, :, None])  # (R, T, S)
-        allowed = torch.cat([allowed_cache, allowed], dim=-1)
-        kwargs = dict(cache=state.cache, cache_rows=rows, cache_write=real & (pos < boundary[:, None]))
-    t0 = perf_counter()
-    logits = model.forward_window(ids, pos.clamp(min=0), allowed, **kwargs)  # (R, T, V)
-    state.model_time += perf_counter() - t0
-    state.forward_calls += 1
-    state.counts[rows, FORWARD_TOKENS] += real.sum(1)
-    if cached:
-        state.cache_len[rows] = boundary
-    start = hi - width  # (R,) window start, the same width for every row
-    first = start - (q_end - span)  # window start inside the padded span
-    index = (first[:, None] + torch.arange(width, device=device)).clamp(min=0)  # (R, W)
-    return logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1])), start, n_valid
+def shared(model: Any) -> dict[tuple, Any]:
+    """Per-model store of what captured decodes reuse across calls: step runners and the KV
+    buffers they capture, keyed by (what, batch bucket, width, canvas). Sweeps call decode()
+    thousands of times; each (bucket, width, canvas) is captured once. Two captured decodes of one
+    model must therefore not run at the same time (they would share the KV buffer)."""
+    store = _SHARED.get(model)
+    if store is None:
+        store = _SHARED[model] = {}
+    return store
 
 
-def step_context(policy: DecodingPolicy, state: DecodeState, rows: torch.Tensor, row_ids: Sequence[int],
-                 start: torch.Tensor, lo: torch.Tensor, logits: torch.Tensor, n_valid: Sequence[int]) -> StepContext:
-    """The :class:`StepContext` for the window ``start + [0, W)`` (real from ``lo``) of ``rows``."""
+class StepEngine:
+    """The forwards of one decode: the host read, the prefill, each step's shapes, attention
+    pattern and KV-cache writes, and the runner that executes the model (module docstring)."""
+
+    def __init__(self, model: DiffusionLM, blocks: Any, state: DecodeState, cached: bool, mode: CaptureMode):
+        self.model, self.blocks, self.state, self.cached, self.mode = model, blocks, state, cached, mode
+        n, self.length = state.canvas.shape
+        self.window_width, self.block_length = blocks.window_width(), blocks.block_length
+        self.full = model.attention == "full"
+        self.width = self.window_width if cached else self.length
+        self.fresh = True  # the next forward follows a read (which chose self.width)
+        self.prefilled = not cached
+        self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
+        self.canvas_pos = torch.arange(self.length, device=state.device).expand(n, -1)  # (N, L)
+        if cached:
+            key = ("kv", n, self.length)
+            store = shared(model) if mode != "eager" else {}
+            state.cache = store.get(key) or model.new_cache(n, self.length)
+            store[key] = state.cache
+            state.cache_len = torch.zeros(n, dtype=torch.long, device=state.device)
+
+    # -- the host read --------------------------------------------------------------------
+    def read(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, checks: StepChecks) -> bool:
+        """The one host read: raise on a failed check; False when no row is live; else choose the
+        next forward's width (and prefill the KV cache before the first step)."""
+        s, blocks = self.state, self.blocks
+        zero = torch.zeros((), dtype=torch.long, device=s.device)
+        if self.cached:
+            assert s.cache_len is not None
+            boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
+            start = s.cache_len if self.prefilled else boundary
+            bad_cache = (live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))).any()
+            span = torch.where(live, hi - start, 0).max()
+            prefill_to = torch.where(live, boundary, 0).max()
+        else:
+            bad_cache, span, prefill_to = zero.bool(), zero, zero
+        too_wide = (live & (hi - lo > self.window_width)).any()
+        head = torch.stack([live.any().long(), span, prefill_to, bad_cache.long(), too_wide.long(),
+                            self.overflow.long()])
+        host = torch.cat([head, checks.pending(s.device).long()]).tolist()
+        (any_live, span_n, prefill_n, bad, wide, over), flags = host[:6], host[6:]
+        checks.raise_if_failed(flags)
+        if bad:
+            raise StrategyError(
+                f"block schedule '{blocks.name}' moved a window start back into the KV cache, or declared a cache "
+                "boundary outside [cached length, window start]")
+        if wide:
+            raise StrategyError(f"block schedule '{blocks.name}' returned a window wider than its window_width() "
+                                f"({self.window_width} positions)")
+        if over:
+            raise StrategyError(f"block schedule '{blocks.name}' moved its window more than one block past the KV "
+                                "cache between host reads; decode with check_every=1")
+        if not any_live:
+            return False
+        if not self.prefilled:
+            self.prefill(live, boundary, prefill_n)
+        if self.cached:  # the narrowest of W, W + block, or whole blocks that holds the span
+            w, bl = self.window_width, self.block_length
+            self.width = w if span_n <= w else max(w + bl, -(-span_n // bl) * bl)
+        self.fresh = True
+        return True
+
+    def prefill(self, live: torch.Tensor, boundary: torch.Tensor, upto: int) -> None:
+        """Write positions ``[0, boundary)`` of each live row into the KV cache in one eager forward
+        (its width depends on the prompts, so it is not captured)."""
+        s = self.state
+        self.prefilled = True
+        if upto <= 0:
+            return
+        bl = self.block_length
+        width = min(-(-upto // bl) * bl, self.length)
+        pos = self.canvas_pos[:, :width]
+        real = live[:, None] & (pos < boundary[:, None])
+        allowed = self.pattern(pos, real)
+        no_cache = torch.zeros(*allowed.shape[:2], self.length, dtype=torch.bool, device=s.device)
+        t0 = perf_counter()
+        self.model.forward_window(s.canvas[:, :width], pos, torch.cat([no_cache, allowed], -1), cache=s.cache,
+                                  cache_rows=s.all_rows, cache_write=real)
+        s.model_time += perf_counter() - t0
+        s.forward_calls += 1
+        s.counts[:, FORWARD_TOKENS] += real.sum(1)
+        s.cache_len = torch.where(live, boundary, s.cache_len)
+
+    # -- one step's forward -----------------------------------------------------------------
+    def pattern(self, pos: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """(N, T, T) bool attention among the forward's own positions: real keys the schedule's
+        groups allow (every real key for full attention); each query sees itself (no empty row)."""
+        t = pos.shape[1]
+        if self.full:
+            allowed = real[:, None, :].expand(-1, t, -1)
+        else:
+            group = self.blocks.attention_groups(self.state, self.state.all_rows, pos)
+            allowed = real[:, None, :] & (group[:, None, :] <= group[:, :, None])
+        return allowed | torch.eye(t, dtype=torch.bool, device=pos.device)
+
+    def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Logits ``(N, W, V)`` of the window ``hi - W + [0, W)`` of every row (rows not live and
+        positions before ``lo`` are padding)."""
+        s, blocks = self.state, self.blocks
+        rows = s.all_rows
+        width = self.width if self.fresh or not self.cached else max(self.width, self.window_width + self.block_length)
+        self.fresh = False
+        if self.cached:  # the span ends at the window's end; before the cached length is padding
+            assert s.cache_len is not None
+            pos = hi[:, None] - width + torch.arange(width, device=s.device)
+            real = live[:, None] & (pos >= s.cache_len[:, None])
+            self.overflow |= (live & (hi - s.cache_len > width)).any()
+        else:  # the whole canvas; keys past the window's end (or the row's canvas) are padding
+            pos = self.canvas_pos
+            real = live[:, None] & (pos < (s.length if self.full else hi)[:, None])
+        first = pos[:, :1]  # the span's start (may be negative: left padding)
+        pos = pos.clamp(0, self.length - 1)
+        ids = s.canvas.gather(1, pos)
+        allowed = self.pattern(pos, real)
+        t0 = perf_counter()
+        if self.cached:
+            assert s.cache_len is not None
+            boundary = blocks.cache_boundary(s, rows, lo, hi)
+            cache_group = blocks.attention_groups(s, rows, self.canvas_pos)  # (N, S)
+            group = blocks.attention_groups(s, rows, pos)  # (N, T)
+            in_cache = self.canvas_pos < s.cache_len[:, None]
+            allowed = torch.cat([in_cache[:, None, :] & (cache_group[:, None, :] <= group[:, :, None]), allowed], -1)
+            logits = self.runner(width)(ids, pos, allowed, real & (pos < boundary[:, None]))
+            s.cache_len = torch.where(live, boundary, s.cache_len)
+        else:
+            logits = self.runner(width)(ids, pos, allowed)
+        s.model_time += perf_counter() - t0
+        s.forward_calls += 1
+        s.counts[:, FORWARD_TOKENS] += real.sum(1)
+        w = self.window_width
+        index = (hi[:, None] - w + torch.arange(w, device=s.device) - first).clamp(0, width - 1)
+        return logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
+
+    def runner(self, width: int) -> Any:
+        """The callable that runs the model forward for this width: the model itself when eager, else
+        a :class:`~dlm_toolkit.capture.StepRunner` kept per (mode, bucket, width, canvas)."""
+        s, model = self.state, self.model
+        if self.mode == "eager":
+            if self.cached:
+                return lambda ids, pos, allowed, write: model.forward_window(
+                    ids, pos, allowed, cache=s.cache, cache_rows=s.all_rows, cache_write=write)
+            return model.forward_window
+        from dlm_toolkit.capture import StepRunner
+
+        key = ("step", self.mode, s.batch_size, width, self.length, self.cached)
+        store = shared(model)
+        if key not in store:
+            if self.cached:
+                cache, rows = s.cache, s.all_rows
+
+                def fn(ids, pos, allowed, write):
+                    return model.forward_window(ids, pos, allowed, cache=cache, cache_rows=rows, cache_write=write)
+            else:
+                def fn(ids, pos, allowed):
+                    return model.forward_window(ids, pos, allowed)
+            store[key] = StepRunner(fn, f"model forward (batch {s.batch_size}, width {width}, canvas {self.length})",
+                                    self.mode)
+        return store[key]
+
+
+def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                 logits: torch.Tensor) -> StepContext:
+    """The :class:`StepContext` of every row for the window ``hi - W + [0, W)`` (real from ``lo``, in
+    live rows)."""
+    rows = state.all_rows
     width = logits.shape[1]
-    positions = start[:, None] + torch.arange(width, device=state.device)  # (R, W)
-    idx = (rows[:, None], positions.clamp(min=0))
+    positions = hi[:, None] - width + torch.arange(width, device=state.device)  # (N, W)
+    idx = positions.clamp(0, state.canvas.shape[1] - 1)
     block_lo, block_hi = state.block_bounds(rows)
     ctx = StepContext.build(
         rows=rows,
         positions=positions,
-        valid=positions >= lo[:, None],
-        tokens=state.canvas[idx],
-        prompt_len=state.prompt_len[rows],
+        valid=(positions >= lo[:, None]) & live[:, None],
+        tokens=state.canvas.gather(1, idx),
+        prompt_len=state.prompt_len,
         block_lo=block_lo,
         block_hi=block_hi,
         logits=logits,
         sampling=policy.sampling,
-        written_step=state.written_step[idx],
-        written_conf=state.written_conf[idx],
-        step=state.nfe[rows],
-        block=state.block[rows],
-        block_step=state.block_step[rows],
-        block_masked_start=state.block_masked_start[rows],
-        generators=[state.generators[r] for r in row_ids],
+        written_step=state.written_step.gather(1, idx),
+        written_conf=state.written_conf.gather(1, idx),
+        step=state.nfe.clone(),  # clones: the engine updates these in place after the rules ran
+        block=state.block.clone(),
+        block_step=state.block_step.clone(),
+        block_masked_start=state.block_masked_start.clone(),
+        seeds=state.seeds,
         memory=state.memory,
         mask_token_id=state.mask_token_id,
         eos_token_id=state.eos_token_id,
         batch_rows=state.batch_size,
-        n_valid=n_valid,
+        live=live,
     )
     ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx
 
-
 def write(state: DecodeState, ctx: StepContext) -> None:
-    """Write commits, edits and remasks of one step at once, and count them.
+    """Write commits, edits and remasks of one step at once, and count them (live rows only).
 
     The whole window is written back (unselected positions with their old values), so no host
-    sync is needed to find the selected ones. Left padding may repeat position 0, but only where
-    position 0 itself is outside the window, so every write there is its unchanged old value.
+    sync is needed to find the selected ones. Padding positions clamp onto canvas positions that
+    may also be in the window; each write there carries the value that position ends with, so
+    repeated indices always write the same value.
     """
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
-    rows = ctx.rows
+    rows, live = ctx.rows, ctx.live
+    width = ctx.positions.shape[1]
+    at_pos = ctx.positions.clamp(0, state.canvas.shape[1] - 1)
+    same = (at_pos - ctx.positions[:, :1]).clamp(0, width - 1)  # the window slot of the position written
+    at = (rows[:, None], at_pos)
     wrote = ctx.commit | ctx.edit
-    at = (rows[:, None], ctx.positions.clamp(min=0))
-    state.canvas[at] = torch.where(ctx.remask, state.mask_token_id, torch.where(wrote, ctx.sampled, ctx.tokens))
+    state.canvas[at] = torch.where(ctx.remask, state.mask_token_id, torch.where(wrote, ctx.sampled, ctx.tokens)).gather(1, same)
     step = state.nfe[rows, None]
-    state.written_step[at] = torch.where(ctx.remask, -1, torch.where(wrote, step, ctx.written_step))
-    state.written_conf[at] = torch.where(ctx.remask, 0.0, torch.where(wrote, ctx.confidence, ctx.written_conf))
+    state.written_step[at] = torch.where(ctx.remask, -1, torch.where(wrote, step, ctx.written_step)).gather(1, same)
+    state.written_conf[at] = torch.where(ctx.remask, 0.0, torch.where(wrote, ctx.confidence, ctx.written_conf)).gather(1, same)
     n_commit = ctx.commit.sum(1)
     step_counts = torch.stack(  # one row per context row, columns as COUNTERS
         [
@@ -249,7 +425,7 @@ def write(state: DecodeState, ctx: StepContext) -> None:
             torch.zeros_like(n_commit),
         ],
         dim=1,
-    )
+    ) * live[:, None]
     state.counts.index_add_(0, rows, step_counts)
-    state.block_masked[rows] -= n_commit - step_counts[:, 3]  # commits and remasks stay in the block
-    state.block_step[rows] += 1
+    state.block_masked[rows] -= step_counts[:, 1] - step_counts[:, 3]  # commits and remasks stay in the block
+    state.block_step[rows] += live.long()

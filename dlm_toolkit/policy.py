@@ -97,48 +97,54 @@ ALLOWED = {  # role -> (where its selection may lie, how to say it)
 
 
 class StepChecks:
-    """The invariants of one step, computed on the device and read with the next host sync.
+    """The invariants of each step, computed on the device and read with the next host read.
 
     A step must keep every selection inside its role's region (:data:`ALLOWED`), commit at least
     one position in every row whose active block has a mask, remask fewer positions than it
     commits, stay within ``limit`` forwards per block, and see finite logits. Reading the flags
-    right away would stall a GPU every step; the engine reads them at its next sync instead and
-    raises before anything is returned.
+    right away would stall a GPU every step; the engine reads the flags of every step since its
+    last read together, at its next read, and raises (naming the first failed step) before
+    anything is returned.
     """
 
     NAMES = ("m2t", "t2t", "remask", "progress", "net", "limit", "finite")
 
     def __init__(self, policy: DecodingPolicy, limit: int):
         self.policy, self.limit = policy, limit
-        self._ctx: StepContext | None = None
-        self._flags: torch.Tensor | None = None
-        self._block_step: torch.Tensor | None = None
+        self._steps: list[StepContext] = []
+        self._flags: list[torch.Tensor] = []
 
     def add(self, ctx: StepContext, state: Any) -> None:
         """Compute the checks of the step just written (no host sync)."""
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         has_masks = ctx.fillable.any(1)
         net = ctx.commit.sum(1) - ctx.remask.sum(1)
-        self._ctx, self._block_step = ctx, state.block_step[ctx.rows]
-        self._flags = torch.stack([
+        self._steps.append(ctx)
+        self._flags.append(torch.stack([
             *((getattr(ctx, sel) & ~ALLOWED[role][0](ctx)).any() for role, sel in
               (("m2t", "commit"), ("t2t", "edit"), ("remask", "remask"))),
             (has_masks & ~ctx.commit.any(1)).any(),
             (has_masks & ctx.remask.any(1) & (net < 1)).any(),
-            (self._block_step > self.limit).any(),
+            (ctx.live & (state.block_step[ctx.rows] > self.limit)).any(),
             ~(torch.isfinite(ctx.confidence) | ~ctx.valid).all(),
-        ])
+        ]))
 
     def pending(self, device: torch.device) -> torch.Tensor:
-        """The flags of the last step (empty before the first)."""
-        return self._flags if self._flags is not None else torch.zeros(0, dtype=torch.bool, device=device)
+        """The flags of the steps since the last read, one after the other (empty before the first)."""
+        return torch.cat(self._flags) if self._flags else torch.zeros(0, dtype=torch.bool, device=device)
 
     def raise_if_failed(self, flags: list[int]) -> None:
-        """Raise :class:`StrategyError` naming the rule, row and position of the first failed check."""
+        """Raise :class:`StrategyError` naming the rule, row and position of the first failed check
+        of the steps :meth:`pending` covered, then forget them."""
+        steps, n = self._steps, len(self.NAMES)
+        self._steps, self._flags = [], []
+        for i, ctx in enumerate(steps):
+            self._raise(ctx, list(flags[i * n:(i + 1) * n]))
+
+    def _raise(self, ctx: StepContext, flags: list[int]) -> None:
         if not any(flags):
             return
-        ctx, policy = self._ctx, self.policy
-        assert ctx is not None
+        policy = self.policy
         failed = self.NAMES[flags.index(1)]
         if failed in ALLOWED:
             rule = getattr(policy, failed)

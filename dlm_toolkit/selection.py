@@ -86,14 +86,19 @@ def remember(old: dict | None, ctx: StepContext, keep: torch.Tensor, **values: t
     def fresh(t: torch.Tensor) -> torch.Tensor:  # (B, W, ...) -> an empty (N, slots, ...)
         return t.new_zeros((ctx.batch_rows, slots, *t.shape[2:]))
 
+    live = ctx.live
+
+    def put(table: torch.Tensor, rows_value: torch.Tensor) -> torch.Tensor:  # rows not forwarded keep theirs
+        shaped = live.view(-1, *[1] * (table.dim() - 1))
+        table[ctx.rows] = torch.where(shaped, rows_value, table[ctx.rows])
+        return table
+
     positions = widen(old["positions"], -1) if old else torch.full(
         (ctx.batch_rows, slots), -1, dtype=torch.long, device=ctx.device)
-    positions[ctx.rows] = widen(torch.where(keep, ctx.positions, -1), -1)
-    new = {"positions": positions}
+    new = {"positions": put(positions, widen(torch.where(keep, ctx.positions, -1), -1))}
     for name, v in values.items():
         table = widen(old[name], 0) if old and name in old else fresh(v)
-        table[ctx.rows] = widen(v.to(table.dtype), 0)
-        new[name] = table
+        new[name] = put(table, widen(v.to(table.dtype), 0))
     return new
 
 

@@ -43,7 +43,7 @@ class DecodeState:
     block_length: int
     mask_token_id: int
     eos_token_id: int
-    generators: list[torch.Generator]  # one random stream per row (see :func:`row_seed`)
+    seeds: torch.Tensor  # (N,) long: each row's random key (see :func:`row_seed`, :mod:`dlm_toolkit.rng`)
     block: torch.Tensor  # (N,) active block
     post: torch.Tensor  # (N,) post-step counter of the active block
     block_step: torch.Tensor  # (N,) forwards in the active block
@@ -101,7 +101,7 @@ class DecodeState:
             block_length=block_length,
             mask_token_id=mask_token_id,
             eos_token_id=eos_token_id,
-            generators=[torch.Generator(device=device).manual_seed(s) for s in seeds],
+            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
             block=first_block.clone(),
             post=zeros.clone(),
             block_step=zeros.clone(),
@@ -177,12 +177,14 @@ class DecodeState:
         self.block_masked_start = torch.where(moved, start, self.block_masked_start)
         self.block_masked = torch.where(moved, start, self.block_masked)
 
-    def result(self, wall_time: float) -> DecodeResult:
-        canvas = self.canvas.cpu()  # one transfer of everything the result reads
+    def result(self, wall_time: float, n_rows: int | None = None) -> DecodeResult:
+        """The result of the first ``n_rows`` rows (default all; the rest pad a batch bucket)."""
+        n_rows = self.batch_size if n_rows is None else n_rows
+        canvas = self.canvas[:n_rows].cpu()  # one transfer of everything the result reads
         prompt_len, gen_end = self.prompt_len.tolist(), self.gen_end.tolist()
         counts_all, eos_stopped = self.counts.tolist(), self.eos_stopped.tolist()
         rows = []
-        for r in range(self.batch_size):
+        for r in range(n_rows):
             out = canvas[r, prompt_len[r] : gen_end[r]].tolist()
             if self.eos_token_id in out:
                 out = out[: out.index(self.eos_token_id) + 1]
@@ -281,6 +283,24 @@ class DecodeResult:
             "model_time_s": self.model_time,
             "tokens_per_second": self.tokens_per_second,
         }
+
+    @classmethod
+    def concat(cls, parts: Sequence[DecodeResult], mask_token_id: int) -> DecodeResult:
+        """One result from the results of consecutive slices of a batch (times and calls add up;
+        canvases are right-padded with the mask token to the widest)."""
+        if len(parts) == 1:
+            return parts[0]
+        width = max(p.canvas.shape[1] for p in parts)
+        canvas = torch.cat([torch.nn.functional.pad(p.canvas, (0, width - p.canvas.shape[1]), value=mask_token_id)
+                            for p in parts])
+        rows = [r for p in parts for r in p.rows]
+        wall = sum(p.wall_time for p in parts)
+        n_tokens = sum(len(r.tokens) for r in rows)
+        trajectories = [p.trajectory for p in parts]
+        return cls(rows=rows, wall_time=wall, model_time=sum(p.model_time for p in parts),
+                   forward_calls=sum(p.forward_calls for p in parts),
+                   tokens_per_second=n_tokens / wall if wall > 0 else float("inf"), canvas=canvas,
+                   trajectory=None if trajectories[0] is None else trajectories[0].concat(trajectories[1:], parts))
 
     def row_dict(self, i: int) -> dict[str, Any]:
         d = asdict(self.rows[i])

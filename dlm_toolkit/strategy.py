@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -40,8 +40,10 @@ class StepContext:
     """Everything a rule may look at for one forward, built by :meth:`build` (the engine and
     :func:`dlm_toolkit.testing.make_context` both go through it).
 
-    Tensors cover the ``B`` rows forwarded now and a window of ``W`` positions, all on the
-    model's device. Windows of rows with fewer real positions are left-padded (``valid`` False).
+    Tensors cover every row of the decode batch (``live`` says which forward now) and a window of
+    ``W`` positions, ``W`` fixed by the block schedule (:meth:`BlockSchedule.window_width`), all on
+    the model's device. Windows with fewer real positions are left-padded (``valid`` False), so
+    every step of a decode has the same shapes.
 
     ======================  =========  =======  =================================================
     field                   shape      dtype    meaning
@@ -71,9 +73,11 @@ class StepContext:
     ``block_masked_start``  (B,)       long     masked positions of the active block when it
                                                 began
     ``post``                (B,)       bool     the active block had no mask at step start
-    ``n_valid``             B ints     --       real window positions per row (host ints)
-    ``generators``          B          --       each row's own random stream: draw with
-                                                :meth:`rand`, never from a global generator
+    ``live``                (B,)       bool     the row forwards now (rows that do not, e.g.
+                                                finished ones, ride along with every position
+                                                invalid; nothing is written for them)
+    ``seeds``               (B,)       long     each row's random key: draw with :meth:`rand`,
+                                                never from a global generator
     ``memory``              --         --       ``{role: value}`` returned by rules last step
     ``batch_rows``          int        --       rows in the whole decode batch (N >= B)
     ======================  =========  =======  =================================================
@@ -100,8 +104,8 @@ class StepContext:
     block_step: torch.Tensor
     block_masked_start: torch.Tensor
     post: torch.Tensor
-    n_valid: Sequence[int]
-    generators: Sequence[torch.Generator]
+    live: torch.Tensor
+    seeds: torch.Tensor
     memory: Mapping[str, Any]
     mask_token_id: int
     eos_token_id: int
@@ -110,6 +114,7 @@ class StepContext:
     edit: torch.Tensor | None = None
     remask: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    draws: int = 0  # rand() calls so far this step: the draw index of the next one
 
     @classmethod
     def build(
@@ -130,21 +135,22 @@ class StepContext:
         block: torch.Tensor,
         block_step: torch.Tensor,
         block_masked_start: torch.Tensor,
-        generators: Sequence[torch.Generator],
+        seeds: torch.Tensor,
         memory: Mapping[str, Any],
         mask_token_id: int,
         eos_token_id: int,
         batch_rows: int,
-        n_valid: Sequence[int] | None = None,
+        live: torch.Tensor | None = None,
     ) -> StepContext:
         """The context of one forward from the canvas window and the logits: derives the masks,
-        draws ``sampled``/``confidence`` (:func:`dlm_toolkit.sampling.sample`, using each row's own
-        stream) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
-        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``: (B,) per row.
-        ``n_valid``: ``valid.sum(1)`` as host ints when the caller already has them (the engine
-        does: reading them from the device would cost a host sync)."""
+        draws ``sampled``/``confidence`` (:func:`dlm_toolkit.sampling.sample`, keyed by each row's
+        seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
+        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
+        (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
+        Reads nothing back to the host."""
         from dlm_toolkit.sampling import sample
 
+        live = torch.ones_like(rows, dtype=torch.bool) if live is None else live
         masked = (tokens == mask_token_id) & valid
         is_prompt = positions < prompt_len[:, None]
         in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
@@ -152,8 +158,8 @@ class StepContext:
             rows=rows, positions=positions, tokens=tokens, valid=valid, masked=masked, is_prompt=is_prompt,
             in_block=in_block, editable=valid & ~is_prompt & ~masked, sampled=tokens, confidence=written_conf,
             logits=logits, written_step=written_step, written_conf=written_conf, step=step, block=block,
-            block_step=block_step, block_masked_start=block_masked_start, post=~(masked & in_block).any(1),
-            n_valid=list(n_valid) if n_valid is not None else valid.sum(1).tolist(), generators=generators,
+            block_step=block_step, block_masked_start=block_masked_start,
+            post=live & ~(masked & in_block).any(1), live=live, seeds=seeds,
             memory=memory, mask_token_id=mask_token_id, eos_token_id=eos_token_id, batch_rows=batch_rows,
         )
         sampled, confidence, probs = sample(logits, sampling, mask_token_id, ctx.rand)
@@ -162,18 +168,25 @@ class StepContext:
         return ctx
 
     def rand(self, *trailing: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``(B, W, *trailing)`` uniform numbers in [0, 1), row b's from its own stream.
+        """``(B, W, *trailing)`` uniform numbers in [0, 1) (padding and rows not forwarded get 1.0).
 
-        A row draws exactly ``n_valid[b] * prod(trailing)`` numbers, for its real positions only
-        (padding gets 1.0), so its draws do not depend on which rows share its batch: a batch
-        decodes row for row as each prompt alone, at any temperature and with random rules.
+        Counter-based (:mod:`dlm_toolkit.rng`): the number at a position is a hash of the row's
+        seed, its step, the absolute position, this call's index within the step and the trailing
+        index. A row therefore draws the same numbers whatever batch it is in and however wide the
+        window is (a batch decodes row for row as each prompt alone, at any temperature and with
+        random rules), with no loop over rows and nothing read back to the host.
         """
-        out = torch.ones(*self.tokens.shape, *trailing, dtype=dtype, device=self.tokens.device)
-        width = self.tokens.shape[1]
-        for b, (n, gen) in enumerate(zip(self.n_valid, self.generators)):
-            if n:
-                out[b, width - n :] = torch.rand((n, *trailing), generator=gen, dtype=dtype, device=out.device)
-        return out
+        from dlm_toolkit import rng
+
+        base = rng.key(self.seeds, self.step, self.positions, self.draws)
+        self.draws += 1
+        u = rng.uniform(base, trailing, dtype)
+        return u.masked_fill(~self.valid.view(*self.valid.shape, *[1] * len(trailing)), 1.0)
+
+    @property
+    def n_valid(self) -> list[int]:
+        """Real window positions per row, as host ints (a host sync: not for the per-step path)."""
+        return self.valid.sum(1).tolist()
 
     @cached_property
     def probs(self) -> torch.Tensor:
@@ -327,6 +340,11 @@ class BlockSchedule(Strategy):
         and a cached position may only attend to positions before the boundary (else its cached keys
         would go stale). Default: the window start ``lo``."""
         return lo
+
+    def window_width(self) -> int:
+        """The most positions a window (:meth:`window`) ever spans: the width of every step's
+        context, fixed per decode so that every forward has the same shapes (default: a block)."""
+        return self.block_length
 
     def max_forwards_per_block(self) -> int:
         """Forwards one block may take before the engine calls the schedule broken (bounds NFE)."""

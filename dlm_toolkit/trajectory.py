@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,11 +33,25 @@ class Trajectory:
     """All :class:`StepRecord` of a decode, in the order the forwards ran."""
 
     steps: list[StepRecord] = field(default_factory=list)
+    n_rows: int = 1 << 62  # rows at and past this index pad a batch bucket: not recorded
+
+    def concat(self, others: list[Trajectory], parts: list[Any]) -> Trajectory:
+        """The trajectory of a batch decoded in consecutive slices (``parts``: their results):
+        rows renumbered to their index in the whole batch."""
+        out = Trajectory(list(self.steps))
+        offset = len(parts[0].rows)
+        for traj, part in zip(others, parts[1:]):
+            out.steps += [replace(s, row=s.row + offset) for s in traj.steps]
+            offset += len(part.rows)
+        return out
 
     def add(self, ctx: StepContext, state: DecodeState) -> None:
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         lo, hi = state.block_bounds(ctx.rows, ctx.block)
+        live = ctx.live.tolist()
         for i, row in enumerate(ctx.rows.tolist()):
+            if not live[i] or row >= self.n_rows:  # not forwarded now, or padding a batch bucket
+                continue
             pos = ctx.positions[i]
             valid = ctx.valid[i]
             self.steps.append(

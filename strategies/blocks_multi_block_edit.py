@@ -36,6 +36,9 @@ class MultiBlockEdit(SemiAutoregressive):
         first = origin + torch.div(state.prompt_len[rows] - origin, bl, rounding_mode="floor") * bl
         return torch.maximum(lo - self.config.edit_blocks * bl, first), hi
 
+    def window_width(self) -> int:
+        return (self.config.edit_blocks + 1) * self.block_length
+
     def attention_groups(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         group = super().attention_groups(state, rows, positions)
         lo, _ = self.window(state, rows)

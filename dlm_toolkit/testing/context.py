@@ -74,12 +74,11 @@ def make_context(
         block=torch.zeros(b, dtype=torch.long, device=device),
         block_step=_per_row(block_step, b, device),
         block_masked_start=(masked & in_block).sum(1) if block_masked_start is None else block_masked_start,
-        generators=[torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, b)],
+        seeds=torch.tensor(row_seeds(seed, b), dtype=torch.long, device=device),
         memory=memory if memory is not None else {},
         mask_token_id=mask_token_id,
         eos_token_id=eos_token_id,
         batch_rows=batch_rows if batch_rows is not None else int(rows.max()) + 1,
-        n_valid=valid.sum(1).tolist(),
     )
     if not torch.equal(ctx.in_block, in_block):
         raise ValueError("in_block must be one interval of positions per row (the active block)")
