@@ -62,6 +62,7 @@ def evaluate(
     progress: bool = True,
     on_batch: Callable[[int, dict[str, float]], None] | None = None,
     threads: int | None = None,
+    cuda_graphs: bool | None = None,
 ) -> EvalResult:
     """Decode ``n`` held-out (eval-split) instances of ``task`` and score them.
 
@@ -76,17 +77,20 @@ def evaluate(
             it to report intermediate quality for pruning.
         threads: intra-op CPU threads while evaluating (default: 1 for a small model, torch's
             default for a large one); restored afterwards.
+        cuda_graphs: as :func:`~dlm_toolkit.decode.decode`'s (``None``: on for a CUDA model).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ConfigError(f"n: must be an integer >= 1 (got {n!r})")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ConfigError(f"batch_size: must be an integer >= 1 (got {batch_size!r})")
     with threads_scope(resolve_threads(threads, small_model=is_small(model))):
-        return _evaluate(model, tokenizer, task, policy, n, seed, batch_size, kv_cache, progress, on_batch)
+        return _evaluate(model, tokenizer, task, policy, n, seed, batch_size, kv_cache, progress, on_batch,
+                         cuda_graphs)
 
 
 def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any, n: int, seed: int, batch_size: int,
-              kv_cache: bool, progress: bool, on_batch: Callable[[int, dict[str, float]], None] | None) -> EvalResult:
+              kv_cache: bool, progress: bool, on_batch: Callable[[int, dict[str, float]], None] | None,
+              cuda_graphs: bool | None = None) -> EvalResult:
     task = get_task(task) if isinstance(task, str) else task
     check_n(task, n)
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
@@ -102,7 +106,8 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
         batch = instances[start : start + batch_size]
         streams = [row_seed(seed, i) for i in range(start, start + len(batch))]
         rows, wall = generate(model, tokenizer, prompts[start : start + batch_size], policy, gen_length,
-                              stop=task.stop, seeds=streams, kv_cache=kv_cache)
+                              stop=task.stop, seeds=streams, kv_cache=kv_cache,
+                              cuda_graphs=cuda_graphs)
         totals["wall"] += wall
         scores = task.score_batch(batch, [g.text for g in rows])
         for inst, score, row in zip(batch, scores, rows):

@@ -103,13 +103,14 @@ def segmentable(model: DiffusionLM, policy: DecodingPolicy) -> bool:
 
 def generate(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]], policy: DecodingPolicy,
              gen_length: int, *, stop: Sequence[str] = (), seeds: Sequence[int], kv_cache: bool = True,
-             stop_every: int = 1) -> tuple[list[Generation], float]:
+             stop_every: int = 1, cuda_graphs: bool | None = None) -> tuple[list[Generation], float]:
     """Decode ``prompts`` (ids) up to ``gen_length`` tokens each, stopping rows at ``stop`` strings.
 
     Args:
         seeds: one random-stream seed per prompt (as :func:`~dlm_toolkit.decode.decode` takes).
         stop_every: blocks per segment between stop checks (more: fewer decode calls and prefix
             recomputations, but up to that many blocks decoded past a stop string).
+        cuda_graphs: as :func:`~dlm_toolkit.decode.decode`'s.
 
     Returns:
         The rows' :class:`Generation`, and the wall time of the decode calls.
@@ -120,7 +121,8 @@ def generate(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]
     eos = model.eos_token_id
     if not stops or not segmentable(model, policy):
         t0 = perf_counter()
-        result = decode(model, prompts, policy, gen_length, kv_cache=kv_cache, seed=list(seeds))
+        result = decode(model, prompts, policy, gen_length, kv_cache=kv_cache, seed=list(seeds),
+                        cuda_graphs=cuda_graphs)
         wall = perf_counter() - t0
         out = []
         for row in result.rows:
@@ -128,7 +130,8 @@ def generate(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]
             out.append(Generation(text, row.tokens, row.nfe, row.edits, row.remasks, row.forward_tokens,
                                   "eos" if row.eos_stopped or eos in row.tokens else ("stop" if hit else None)))
         return out, wall
-    return _segmented(model, tokenizer, prompts, policy, gen_length, stops, list(seeds), kv_cache, stop_every)
+    return _segmented(model, tokenizer, prompts, policy, gen_length, stops, list(seeds), kv_cache, stop_every,
+                      cuda_graphs)
 
 
 def strip_eos(tokens: list[int], eos_id: int) -> list[int]:
@@ -142,7 +145,7 @@ def _text(tokenizer: Any, tokens: list[int], eos: int) -> str:
 
 def _segmented(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]], policy: DecodingPolicy,
                gen_length: int, stops: tuple[str, ...], seeds: list[int], kv_cache: bool,
-               stop_every: int) -> tuple[list[Generation], float]:
+               stop_every: int, cuda_graphs: bool | None = None) -> tuple[list[Generation], float]:
     bl = policy.blocks.block_length
     lengths = torch.tensor([len(p) for p in prompts])
     origin, _, num_blocks = policy.blocks.layout(lengths, gen_length)
@@ -166,7 +169,7 @@ def _segmented(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[in
             step = min(boundary - current, gen_length - have)
             batch = [list(prompts[r]) + gens[r].tokens for r in live]
             t0 = perf_counter()
-            result = decode(model, batch, policy, step, kv_cache=kv_cache,
+            result = decode(model, batch, policy, step, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
                             seed=[seeds[r] if segment[r] == 0 else row_seed(seeds[r], segment[r]) for r in live])
             wall += perf_counter() - t0
             for r, row in zip(live, result.rows):

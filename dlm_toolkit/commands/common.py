@@ -41,11 +41,35 @@ def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
 
 
 def add_runtime_args(p: argparse.ArgumentParser) -> None:
-    """``--device``, ``--dtype``, ``--threads``: the same three options on every command that runs a model."""
+    """``--device``, ``--dtype``, ``--threads``, ``--cuda-graphs/--no-cuda-graphs``: the same options on
+    every command that runs a model (all of them decode)."""
     g = p.add_argument_group("where and how to run")
     g.add_argument("--device", help="cpu (default), cuda or cuda:N")
     g.add_argument("--dtype", help="weight dtype: float32 (CPU default), bfloat16 (GPU default) or float16")
     g.add_argument("--threads", type=int, help="intra-op CPU threads (default: 1 for small models, torch's default otherwise)")
+    add_cuda_graphs_arg(g)
+
+
+def add_cuda_graphs_arg(g: Any) -> None:
+    """``--cuda-graphs/--no-cuda-graphs`` (``args.cuda_graphs``: True, False or None for auto)."""
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture each model forward in a CUDA graph and replay it (default: on when the device is "
+                        "CUDA); --no-cuda-graphs runs every forward eagerly, to compare (same tokens)")
+
+
+def check_cuda_graphs(cuda_graphs: bool | None, devices: Sequence[str | None], option: str = "--cuda-graphs") -> None:
+    """Refuse CUDA graphs asked for where a model runs on something else (``None``: the CPU), in one
+    line and before any work; ``None`` (auto) and False always pass."""
+    if not cuda_graphs:
+        return
+    for device in devices:
+        where = device or "cpu"
+        if not where.startswith("cuda"):
+            raise ConfigError(f"{option} needs a CUDA device (--device cuda); this run is on {where}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{option} needs a CUDA device; torch sees none on this machine")
 
 
 def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = True, **ids: int | None) -> tuple[Any, Any]:

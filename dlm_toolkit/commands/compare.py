@@ -11,8 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import (add_import_arg, add_runtime_args, add_task_args, load_for_args,
-                                         parse_sets, task_options)
+from dlm_toolkit.commands.common import (add_import_arg, add_runtime_args, add_task_args, check_cuda_graphs,
+                                         load_for_args, parse_sets, task_options)
 from dlm_toolkit.config import ConfigError
 
 
@@ -22,6 +22,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from dlm_toolkit.stats import compare_outcomes
     from dlm_toolkit.tasks import get_task
 
+    check_cuda_graphs(args.cuda_graphs, [args.device])
     if args.n <= 0:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.n_boot < 100:
@@ -33,7 +34,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
     model, tokenizer = load_for_args(args, args.checkpoint)
     results = {k: evaluate(model, tokenizer, task, p, args.n, args.seed, batch_size=args.batch_size,
-                           progress=not args.no_progress, threads=args.threads) for k, p in policies.items()}
+                           progress=not args.no_progress, threads=args.threads, cuda_graphs=args.cuda_graphs)
+               for k, p in policies.items()}
     cmp = compare_outcomes(results["a"].records, results["b"].records, n_boot=args.n_boot, seed=args.seed)
     if args.json:
         out = {"task": task.name, "n": args.n, "seed": args.seed, "checkpoint": str(args.checkpoint),

@@ -6,13 +6,14 @@ import argparse
 import json
 
 from dlm_toolkit.commands.common import add_policy_args, add_runtime_args, load_for_args, parse_ids, policy_from_args
-from dlm_toolkit.commands.common import prompt_text
+from dlm_toolkit.commands.common import check_cuda_graphs, prompt_text
 from dlm_toolkit.config import ConfigError
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from dlm_toolkit.decode import decode
 
+    check_cuda_graphs(args.cuda_graphs, [args.device])
     policy = policy_from_args(args)
     if args.prompt is not None:
         prompt_text(args.prompt)  # before the model loads
@@ -34,7 +35,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         chat = use_chat(tokenizer, "true" if args.chat else "false", "--chat")
         prompt = encode_prompt(tokenizer, args.prompt, chat, args.system)
     result = decode(model, [prompt], policy, args.gen_length, kv_cache=not args.no_kv_cache, seed=args.seed,
-                    allow_past_context=args.allow_past_context)
+                    allow_past_context=args.allow_past_context, cuda_graphs=args.cuda_graphs)
     row = result.rows[0]
     text = tokenizer.decode(row.tokens, skip_special_tokens=True) if tokenizer is not None else None
     if args.json:

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dlm_toolkit.commands.common import (add_policy_args, add_runtime_args, add_task_args, load_for_args,
-                                         policy_from_args, quiet_mlflow, task_options)
+from dlm_toolkit.commands.common import (add_policy_args, add_runtime_args, add_task_args, check_cuda_graphs,
+                                         load_for_args, policy_from_args, quiet_mlflow, task_options)
 from dlm_toolkit.config import ConfigError
 
 
@@ -15,6 +15,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from dlm_toolkit.evaluate import check_n
     from dlm_toolkit.tasks import get_task
 
+    check_cuda_graphs(args.cuda_graphs, [args.device])
     if args.n <= 0:
         raise ConfigError(f"--n: must be >= 1 (got {args.n})")
     if args.batch_size <= 0:
@@ -38,7 +39,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_args(args, args.checkpoint)
     prov = collect(policy, model)
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
-                      progress=not args.no_progress, threads=args.threads)
+                      progress=not args.no_progress, threads=args.threads, cuda_graphs=args.cuda_graphs)
     run_id = None
     from dlm_toolkit.distributed import is_main_process
 

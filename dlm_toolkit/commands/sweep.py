@@ -11,7 +11,8 @@ import json
 import sys
 from typing import Any, Callable
 
-from dlm_toolkit.commands.common import add_import_arg, add_runtime_args, load_for_args, parse_sets, quiet_mlflow
+from dlm_toolkit.commands.common import (add_cuda_graphs_arg, add_import_arg, add_runtime_args, check_cuda_graphs,
+                                         load_for_args, parse_sets, quiet_mlflow)
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.sweep.attrs import read_settings, trial_metrics, trial_plugin_hashes, trial_policy
 from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI
@@ -45,6 +46,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", help="where every worker loads the model: cpu (default), cuda or cuda:N")
     p.add_argument("--dtype", help="weight dtype: float32 (CPU default), bfloat16 (GPU default) or float16")
     p.add_argument("--devices", help="one worker per device, comma-separated (e.g. cuda:0,cuda:1)")
+    add_cuda_graphs_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the front as JSON instead of a table")
     p.add_argument("--verbose", action="store_true",
@@ -85,6 +87,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     quiet_mlflow(args.verbose)
     exp = load_experiment(args.experiment, parse_sets(args.set))
+    if args.cuda_graphs is not None:  # the flag wins over the experiment's cuda_graphs key
+        exp = exp.model_copy(update={"cuda_graphs": args.cuda_graphs})
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else [args.device or exp.device]
+    check_cuda_graphs(exp.cuda_graphs, devices, "--cuda-graphs" if args.cuda_graphs else "cuda_graphs: true")
     if args.heartbeat < 1:
         raise ConfigError(f"--heartbeat: must be >= 1 second (got {args.heartbeat})")
     result = run_sweep(exp, args.n_trials, storage=args.storage, tracking_uri=args.tracking_uri,
@@ -174,8 +180,9 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
 
 # -- replay ------------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
+    check_cuda_graphs(args.cuda_graphs, [args.device])
     out = replay(args.storage, args.study_name, args.trial, load=lambda path: load_for_args(args, path),
-                 threads=args.threads)
+                 threads=args.threads, cuda_graphs=args.cuda_graphs)
     for warning in out["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -193,10 +200,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def replay(storage: str, study_name: str, number: int, load: Callable[[str], tuple[Any, Any]] | None = None,
-           threads: int | None = None) -> dict[str, Any]:
+           threads: int | None = None, cuda_graphs: bool | None = None) -> dict[str, Any]:
     """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
     ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
-    ``threads``: as :func:`~dlm_toolkit.evaluate.evaluate`'s."""
+    ``threads``, ``cuda_graphs``: as :func:`~dlm_toolkit.evaluate.evaluate`'s (graphs change no
+    metric but the timing ones)."""
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
@@ -226,7 +234,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
         raise ConfigError(f"study {study_name!r}: stored task_args: {err}") from None
     model, tokenizer = (load or load_checkpoint)(settings["model"])
     result = evaluate(model, tokenizer, task, policy, settings["n"], settings["seed"],
-                      batch_size=settings["batch_size"], progress=False, threads=threads)
+                      batch_size=settings["batch_size"], progress=False, threads=threads, cuda_graphs=cuda_graphs)
     stored = trial_metrics(trial)
     metrics = {k: float(v) for k, v in result.metrics.items()}
     mismatches = [k for k in DETERMINISTIC_METRICS

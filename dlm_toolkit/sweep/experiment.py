@@ -21,6 +21,7 @@ An experiment is a YAML file (see ``experiments/README.md`` for a walk-through):
     presets_to_enqueue: [llada2.1-s, llada2.1-q]          # the default
     n_trials: 24                          # default for `dlm sweep --n-trials`
     threads: 1                            # torch threads per worker (default: torch's choice)
+    cuda_graphs: null                     # CUDA-graph forwards: null = on for CUDA (the default), true, false
     mlflow_experiment: dlm-sweep          # the default
 
 Paths: ``model``, ``task_args.data`` (a benchmark's data file or folder), a ``base_policy`` file
@@ -149,6 +150,7 @@ class Experiment(_Frozen):
     threads: int | None = Field(None, ge=1)
     device: str | None = None
     dtype: str | None = None
+    cuda_graphs: bool | None = None  # capture forwards in CUDA graphs; null: on for CUDA devices
     allow_import: bool = False
     mlflow_experiment: str = "dlm-sweep"
 

@@ -167,7 +167,7 @@ class TrialRunner:
                     self._maybe_prune(trial, n_done, running)
 
             result = evaluate(self.model, self.tokenizer, self.task, policy, exp.n, exp.seed,
-                              batch_size=exp.batch_size, progress=False, on_batch=on_batch,
+                              batch_size=exp.batch_size, progress=False, on_batch=on_batch, cuda_graphs=exp.cuda_graphs,
                               threads=torch.get_num_threads())  # run_sweep chose this process's share
             metrics = {k: float(v) for k, v in result.metrics.items()}
             trial.set_user_attr("metrics", metrics)

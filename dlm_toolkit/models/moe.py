@@ -1,0 +1,230 @@
+"""The LLaDA2 mixture of experts: sigmoid router with group-limited top-k, the routed experts stacked
+per layer and run by one grouped GEMM per projection (or the per-expert reference path), and the
+always-on shared expert.
+
+Shapes: N tokens, H hidden, E experts, K experts per token, I expert width.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import MLP
+from .llada2_config import SINGLE, LLaDA2Config, TensorParallel
+
+MoEImpl = Literal["grouped", "reference"]
+
+
+class Router(nn.Module):
+    """Sigmoid router with expert bias and group-limited top-k; always float32 (weight and bias)."""
+
+    def __init__(self, cfg: LLaDA2Config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size, dtype=torch.float32))
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
+        self.k, self.n_group, self.topk_group = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+        self.scale = cfg.routed_scaling_factor
+
+    def forward(self, x: torch.Tensor):
+        """x (N, H) -> router logits (N, E), chosen experts (N, K) by biased score descending,
+        their weights (N, K) float32."""
+        logits = F.linear(x.float(), self.weight)  # (N, E)
+        scores = logits.sigmoid()
+        biased = scores + self.expert_bias  # the bias steers selection only, never the weights
+        N, E = biased.shape
+        grouped = biased.view(N, self.n_group, E // self.n_group)  # (N, G, E/G)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+        keep = group_scores.topk(self.topk_group, dim=-1).indices  # (N, kg)
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+        candidates = biased.masked_fill(~group_mask[..., None].expand_as(grouped).reshape(N, E), float("-inf"))
+        idx = candidates.topk(self.k, dim=-1).indices  # (N, K), sorted by biased score
+        weight = scores.gather(1, idx)
+        if self.k > 1:  # norm_topk_prob: the reference renormalises only when several are chosen
+            weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
+        return logits, idx, weight * self.scale
+
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.nn.functional.grouped_mm`` runs for these weights: any float dtype on the
+    CPU, bfloat16 on CUDA (the kernel PyTorch ships for GPUs is bf16-only); never on a torch
+    older than the function (the reference path runs there)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    if device.type == "cpu":
+        return dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return device.type == "cuda" and dtype == torch.bfloat16
+
+
+@torch.library.custom_op("dlm_toolkit::grouped_mm", mutates_args=())
+def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return F.grouped_mm(a, b, offs=offs)
+
+
+@_grouped_mm_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[-1])
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``F.grouped_mm(a, b, offs=offs)`` for a (M, K) and b (G, K, N). Under ``torch.compile`` it
+    goes through an opaque custom op: torch's own fake kernel accepts bfloat16 only (the CUDA
+    kernel's rule), which would make a float32 model on the CPU uncompilable; the op runs the same
+    kernel, so compiled and eager give the same bits. Eager calls skip the op's dispatch cost."""
+    if torch.compiler.is_compiling():
+        return _grouped_mm_op(a, b, offs)
+    return F.grouped_mm(a, b, offs=offs)
+
+
+def _aligned(t: torch.Tensor, align: int, dims: int = 1) -> torch.Tensor:
+    """Zero-pad the last ``dims`` dims to multiples of ``align``: grouped GEMM (forward and
+    backward) needs 16-byte aligned strides; zero rows/columns add nothing to any dot product
+    and leave zeros in the padded outputs."""
+    pad = [p for d in range(1, dims + 1) for p in (0, -t.shape[-d] % align)]
+    return F.pad(t, pad) if any(pad) else t
+
+
+class Experts(nn.Module):
+    """The routed experts of one MoE layer, stacked: ``gate_proj``/``up_proj`` (E, I, H) and
+    ``down_proj`` (E, H, I), ``nn.Linear`` layout per expert. Holds experts ``first ..
+    first + count - 1`` of the layer (all of them on one device, a range per rank under expert
+    parallelism).
+
+    ``state_dict()`` names each expert's matrix as the official checkpoints do
+    (``{e}.gate_proj.weight``, views into the stacks, no copies) and ``load_state_dict`` accepts
+    those names and stacks them, so checkpoints keep the per-expert layout.
+    """
+
+    def __init__(self, count: int, hidden: int, inner: int, dtype: torch.dtype, first: int = 0):
+        super().__init__()
+        self.first, self.count = first, count
+        bound_in, bound_inner = hidden ** -0.5, inner ** -0.5  # nn.Linear's default init bounds
+        self.gate_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        self.up_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        self.down_proj = nn.Parameter(torch.empty(count, hidden, inner, dtype=dtype).uniform_(-bound_inner, bound_inner))
+        self.register_state_dict_post_hook(_unstack_experts)
+        self.register_load_state_dict_pre_hook(_stack_experts)
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, impl: MoEImpl = "grouped",
+                sharded: bool = False) -> torch.Tensor:
+        """``sum_k weight[n, k] * expert_{idx[n, k]}(x[n])`` over the experts held here.
+
+        x (N, H); idx (N, K) global expert ids; weight (N, K) float32. ``sharded``: some chosen
+        experts live on other ranks (their terms are left out here and come with the all-reduce).
+        """
+        if impl == "grouped" and grouped_mm_supported(x.device, self.gate_proj.dtype):
+            return self._grouped(x, idx, weight, sharded)
+        return self._reference(x, idx, weight)
+
+    def _grouped(self, x, idx, weight, sharded: bool) -> torch.Tensor:
+        """One grouped GEMM per projection over the (token, expert) pairs sorted by expert. No
+        loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
+        N, K = idx.shape
+        H = x.shape[1]
+        slot = idx - self.first  # (N, K) local expert index
+        if sharded:  # pairs of other ranks' experts sort last, past the final offset (never computed)
+            mine = (slot >= 0) & (slot < self.count)
+            slot = torch.where(mine, slot, self.count)
+        flat = slot.flatten()
+        order = flat.argsort(stable=True)  # (N*K,) pairs grouped by expert
+        ends = torch.arange(1, self.count + 1, device=x.device)
+        offs = torch.searchsorted(flat[order], ends, out_int32=True)  # end of each expert's rows
+        token = order // K
+        align = 16 // x.element_size()
+        xs = _aligned(x[token], align)  # (N*K, H') expert-contiguous inputs
+        gate = _grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs)  # (N*K, I')
+        up = _grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs)
+        down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
+        out = _grouped_mm(F.silu(gate) * up, down, offs)[:, :H]
+        out = out * weight.flatten()[order, None].to(x.dtype)
+        if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
+            out = torch.where(mine.flatten()[order, None], out, 0.0)
+        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu")
+
+    def _reference(self, x, idx, weight) -> torch.Tensor:
+        """The per-expert path the grouped one is tested against: sort pairs by expert, then one
+        matmul chain per expert that received tokens (reads the counts on the host)."""
+        N, K = idx.shape
+        slot = (idx - self.first).flatten()
+        order = slot.argsort()  # (N*K,) pair ids grouped by expert
+        mine = (slot >= 0) & (slot < self.count)
+        counts = torch.bincount(slot[mine], minlength=self.count).tolist()
+        start = int((slot < 0).sum())  # other ranks' lower experts sort first
+        y = torch.zeros_like(x)
+        for e, n in enumerate(counts):
+            if n:
+                pairs = order[start : start + n]
+                xs = x[pairs // K]
+                h = F.silu(F.linear(xs, self.gate_proj[e])) * F.linear(xs, self.up_proj[e])
+                y.index_add_(0, pairs // K, F.linear(h, self.down_proj[e]) * weight.flatten()[pairs, None].to(x.dtype))
+            start += n
+        return y
+
+
+def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool) -> torch.Tensor:
+    """Sum the expert outputs ``out`` (N*K, H) of the pairs ``order`` (sorted pair ids) per token.
+
+    ``fixed_order``: gather back to (token, k) order and sum over k, the same bits on every run
+    (a GPU's ``index_add_`` adds with atomics in any order); else ``index_add_`` in place (on a
+    CPU it is deterministic and avoids a large fresh buffer, whose page faults cost more than
+    the sum)."""
+    N, H = out.shape[0] // K, out.shape[1]
+    if fixed_order:
+        return out[order.argsort()].view(N, K, H).sum(1)
+    return out.new_zeros(N, H).index_add_(0, order // K, out)
+
+
+def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    stacks = {name: state_dict.pop(prefix + name) for name in PROJECTIONS}
+    for i in range(module.count):
+        for name in PROJECTIONS:
+            state_dict[f"{prefix}{module.first + i}.{name}.weight"] = stacks[name][i]
+
+
+def _stack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+                   missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+    for name in PROJECTIONS:
+        keys = [f"{prefix}{module.first + i}.{name}.weight" for i in range(module.count)]
+        if all(k in state_dict for k in keys):  # otherwise the missing stack is reported as usual
+            state_dict[prefix + name] = torch.stack([state_dict.pop(k) for k in keys])
+
+
+class MoE(nn.Module):
+    """Routed experts (stacked, see :class:`Experts`) plus an always-on shared expert.
+
+    ``impl``: ``"grouped"`` (default; one grouped GEMM per projection where the kernel exists,
+    see :func:`grouped_mm_supported`, else the reference) or ``"reference"`` (one matmul chain
+    per active expert, after a host sync). Under expert parallelism the router runs on every
+    rank (same input, same choice) and each rank adds the terms of its own experts.
+    """
+
+    def __init__(self, cfg: LLaDA2Config, dtype: torch.dtype, tp: TensorParallel = SINGLE,
+                 impl: MoEImpl = "grouped"):
+        super().__init__()
+        self.gate = Router(cfg)
+        H, inner = cfg.hidden_size, cfg.moe_intermediate_size
+        lo, hi = tp.span(cfg.num_experts)
+        self.experts = Experts(hi - lo, H, inner, dtype, first=lo)
+        shared = inner * cfg.num_shared_experts // tp.world
+        self.shared_experts = MLP(H, shared, dtype) if cfg.num_shared_experts else None
+        self.sharded = tp.world > 1
+        self.impl: MoEImpl = impl
+
+    def forward(self, x: torch.Tensor, trace: dict | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, H = x.shape
+        flat = x.reshape(B * T, H)  # (N, H)
+        logits, idx, weight = self.gate(flat)
+        if trace is not None:
+            trace[f"router_logits.{layer}"] = logits.view(B, T, -1)
+            trace[f"router_topk_idx.{layer}"] = idx.view(B, T, -1)
+            trace[f"router_topk_weight.{layer}"] = weight.view(B, T, -1)
+        y = self.experts(flat, idx, weight, self.impl, self.sharded)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(flat)
+        return y.view(B, T, H)
