@@ -83,7 +83,8 @@ def decode(
             model has never seen those positions.
         cuda_graphs: capture the model forward once per (batch bucket, width, canvas) in a CUDA
             graph and replay it; ``None``: on when the model is on CUDA. Rows are padded to a
-            bucket of :data:`BUCKETS`; a larger batch is decoded in slices of the largest bucket.
+            bucket of :data:`BUCKETS` (a larger batch is decoded in slices of the largest bucket)
+            and the canvas to a power of two, so that decodes of many prompts share captures.
         check_every: steps between host reads (see the module docstring). The default 1 keeps
             ``forward_calls`` as low as possible; larger values run up to that many forwards
             without waiting for the host (tokens and NFE stay the same: rows that finished in
@@ -122,7 +123,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     n = len(prompts)
     padded = list(prompts) + [prompts[0]] * (rows - n)
     state = DecodeState.start(padded, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size,
-                              list(seeds) + [0] * (rows - n), model_device(model))
+                              list(seeds) + [0] * (rows - n), model_device(model), round_width=mode != "eager")
     state.done[n:] = True
     engine = StepEngine(model, blocks, state, cached, mode)
     trajectory = Trajectory(n_rows=n) if record else None
