@@ -40,6 +40,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.policy import DecodingPolicy, StepChecks, StrategyError
+from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
@@ -126,6 +127,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
                               list(seeds) + [0] * (rows - n), model_device(model), round_width=mode != "eager")
     state.done[n:] = True
     engine = StepEngine(model, blocks, state, cached, mode)
+    rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     trajectory = Trajectory(n_rows=n) if record else None
     checks = StepChecks(policy, blocks.max_forwards_per_block())
     start = perf_counter()
@@ -141,7 +143,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             since_read += 1
             logits = engine.forward(live, lo, hi)  # (N, W, V)
             ctx = step_context(policy, state, live, lo, hi, logits)
-            policy.step(ctx, state.memory)
+            rules_step(ctx, state.memory)
             write(state, ctx)
             blocks.finish_step(state, ctx)
             checks.add(ctx, state)
