@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 import annotated_types as at
 import pytest
@@ -21,6 +21,8 @@ from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.state import row_seed
 from dlm_toolkit.strategy import Strategy
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
+
+T = TypeVar("T")
 
 
 class _StrategyContract:
@@ -142,11 +144,23 @@ class _StrategyContract:
         """A whole decode with the default device pointed at ``meta`` and the model on the CPU: a
         tensor the rule (or the engine) makes without ``device=`` lands on ``meta`` and fails."""
         for n, rule in enumerate(self.rules()):
-            try:
-                res = self._decode(rule, n, [[1, 2, 3], [4, 5, 6, 7, 8]], 9, default_device="meta")
-            except (RuntimeError, NotImplementedError) as err:
-                raise AssertionError(f"{rule!r} (or the engine) made a tensor without a device during a decode: {err}") from err
+            args = (rule, n, [[1, 2, 3], [4, 5, 6, 7, 8]], 9)
+            res = on_meta_default(lambda: self._decode(*args, default_device="meta"), lambda: self._decode(*args),
+                                  f"{rule!r} (or the engine) during a decode")
             assert res.canvas.device.type == "cpu"
+
+
+def on_meta_default(run_meta: Callable[[], T], run_plain: Callable[[], object], what: str) -> T:
+    """``run_meta()`` (the same work as ``run_plain()`` with torch's default device pointed at
+    ``meta``); if it fails, the failure is reported as a tensor made without a device only when
+    ``run_plain()`` succeeds. Otherwise the error is the rule's or the engine's own (a broken
+    contract, a bug) and ``run_plain()`` raises it as it is."""
+    try:
+        return run_meta()
+    except (RuntimeError, NotImplementedError) as err:
+        failure = err
+    run_plain()
+    raise AssertionError(f"{what} made a tensor without a device: {failure}") from failure
 
 
 def _out_of_range(metadata: list[Any]) -> list[Any]:

@@ -3,6 +3,7 @@ random contexts over consecutive steps, determinism, batch invariance, seed use 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import torch
@@ -11,7 +12,7 @@ from dlm_toolkit.config import RoleSpec
 from dlm_toolkit.policy import DecodingPolicy
 from dlm_toolkit.selection import remaskable
 from dlm_toolkit.strategy import StepContext, Strategy
-from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract
+from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract, on_meta_default
 from dlm_toolkit.testing.contracts_cases import STEPS, _as_tensor, _commit_for, advance, build_context, random_case
 
 
@@ -96,15 +97,15 @@ class _RuleContract(_StrategyContract):
         and fails to mix with the inputs, as it would fail on a GPU."""
         for rule in self.rules():
             for seed in range(0, self.n_cases, 4):
-                memory: dict[str, Any] = {}
-                ctx = build_context(random_case(seed), seed=seed, memory=memory)
-                self.prepare(ctx)
-                try:
-                    with torch.device("meta"):
-                        select, _ = _as_tensor(rule, rule(ctx))
-                except (RuntimeError, NotImplementedError) as err:
-                    raise AssertionError(f"{rule!r} made a tensor without a device (case seed {seed}): {err}") from err
-                assert select.device == ctx.device, f"{rule!r} returned a selection on {select.device}, inputs are on {ctx.device}"
+
+                def select(meta: bool, seed: int = seed) -> tuple[torch.Tensor, StepContext]:
+                    ctx = build_context(random_case(seed), seed=seed, memory={})  # inputs on the CPU
+                    self.prepare(ctx)
+                    with torch.device("meta") if meta else contextlib.nullcontext():
+                        return _as_tensor(rule, rule(ctx))[0], ctx
+
+                out, ctx = on_meta_default(lambda: select(True), lambda: select(False), f"{rule!r} (case seed {seed})")
+                assert out.device == ctx.device, f"{rule!r} returned a selection on {out.device}, inputs are on {ctx.device}"
 
     def test_batch_invariance(self):
         for rule in self.rules():
