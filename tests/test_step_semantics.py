@@ -44,16 +44,15 @@ def test_row_statistics_count_tokens_up_to_the_first_eos(eos_early_stop):
     its first EOS, whatever the canvas holds after it (tokens decoded after the EOS, or masks)."""
     gen = 12
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
-    eos_at = [3 + 2, None, 4 + 6]  # absolute position of each row's first EOS (row 1 has none)
-    table = torch.full((32, V), -4.0)
-    table[torch.arange(32), torch.arange(32) % 7] = 4.0  # a peaked, non-EOS token everywhere...
-    table[20:, EOS] = 6.0  # ...and EOS late in every row (past row 1's generation, so row 1 has none)
+    # absolute position of each row's EOS: mid-generation in rows 0 and 2; in row 1 just past its
+    # generation (position 14 = 2 + 12, still on the canvas, whose last block runs to 16): no EOS
+    eos_at = [3 + 2, 2 + 12, 4 + 6]
     per_row = []
-    for r, at in enumerate(eos_at):
-        t = table.clone()
-        if at is not None:
-            t[at, EOS] = 8.0
-        per_row.append(t)
+    for at in eos_at:
+        table = torch.full((16, V), -4.0)
+        table[torch.arange(16), torch.arange(16) % 7] = 4.0  # a peaked, non-EOS token everywhere...
+        table[at, EOS] = 8.0  # ...but the EOS here
+        per_row.append(table)
     blocks = {"params": {"block_length": 4, "max_post_steps": 1, "eos_early_stop": eos_early_stop}}
     pol = _policy({"name": "threshold", "params": {"threshold": 0.5}}, blocks)
     results = []
@@ -66,7 +65,9 @@ def test_row_statistics_count_tokens_up_to_the_first_eos(eos_early_stop):
         assert EOS not in expect[:-1]
         row = res.rows[0]
         assert row.tokens == expect
-        if eos_at[r] is not None:
+        if r == 1:
+            assert len(expect) == gen and res.canvas[0, eos_at[r]] == EOS  # an EOS past the output is no EOS
+        else:
             assert len(expect) == eos_at[r] - len(p) + 1 < gen  # the canvas runs on past the EOS
         assert row.tpf == pytest.approx(len(expect) / row.nfe)
         summary = res.summary()
