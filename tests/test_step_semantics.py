@@ -116,8 +116,10 @@ Q_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.7), (0.7, 4, 0.7), (1.0, 5, 0.6), (1.3, 0, 1.0)])
-def test_tempered_top_k_top_p_draws_follow_a_float64_reference(temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature, top_k, top_p, float64", [(0.7, 0, 0.7, False), (0.7, 4, 0.7, False),
+                                                                  (0.7, 4, 0.7, True), (1.0, 5, 0.6, False),
+                                                                  (1.3, 0, 1.0, False)])
+def test_tempered_top_k_top_p_draws_follow_a_float64_reference(temperature, top_k, top_p, float64):
     """Thousands of draws per row from fixed logits: the drawn tokens are exactly the reference
     nucleus (never a token outside it, every token inside it, the one crossing p included), at its
     renormalised frequencies, and each draw's confidence is the *untempered* softmax of the logits
@@ -130,7 +132,7 @@ def test_tempered_top_k_top_p_draws_follow_a_float64_reference(temperature, top_
         rows.append(_designed_logits(q, temperature, perm))
     logits = torch.stack(rows)[:, None, :].expand(-1, w, -1).contiguous()  # (3, W, V)
     tokens = torch.full((len(rows), w), MASK)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, gumbel_float64=float64)
     ctx = make_context(tokens, logits, mask_token_id=MASK, sampling=sampling, seed=3)
     for r in range(len(rows)):
         keep, want = _nucleus(logits[r, 0], temperature, top_k, top_p)
