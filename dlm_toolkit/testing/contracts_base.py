@@ -20,13 +20,14 @@ from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.state import row_seed
 from dlm_toolkit.strategy import Strategy
+from dlm_toolkit.testing.contracts_capture import _CaptureContract
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 
 T = TypeVar("T")
 
 
-class _StrategyContract:
-    """Config checks shared by every role."""
+class _StrategyContract(_CaptureContract):
+    """Config checks shared by every role (and the capture contract)."""
 
     role: ClassVar[str]
     rule_factory: ClassVar[Callable[..., Strategy] | None] = None
