@@ -213,6 +213,7 @@ class StepEngine:
         self.width = self.window_width if cached else self.length
         self.fresh = True  # the next forward follows a read (which chose self.width)
         self.prefilled = not cached
+        self.eyes: dict[int, torch.Tensor] = {}
         self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
         self.canvas_pos = torch.arange(self.length, device=state.device).expand(n, -1)  # (N, L)
         if cached:
@@ -285,16 +286,22 @@ class StepEngine:
         s.cache_len = torch.where(live, boundary, s.cache_len)
 
     # -- one step's forward -----------------------------------------------------------------
-    def pattern(self, pos: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def pattern(self, pos: torch.Tensor, real: torch.Tensor,
+                group: torch.Tensor | None = None) -> torch.Tensor:
         """(N, T, T) bool attention among the forward's own positions: a real query sees the real keys
         the schedule's groups allow (every real key for full attention); a padding query sees only
-        itself (no empty row, nothing that could leak into real positions)."""
+        itself (no empty row, nothing that could leak into real positions). ``group``: the
+        schedule's attention groups of ``pos`` when the caller has them."""
         t = pos.shape[1]
         allowed = real[:, None, :] & real[:, :, None]
         if not self.full:
-            group = self.blocks.attention_groups(self.state, self.state.all_rows, pos)
+            if group is None:
+                group = self.blocks.attention_groups(self.state, self.state.all_rows, pos)
             allowed = allowed & (group[:, None, :] <= group[:, :, None])
-        return allowed | torch.eye(t, dtype=torch.bool, device=pos.device)
+        eye = self.eyes.get(t)
+        if eye is None:
+            eye = self.eyes[t] = torch.eye(t, dtype=torch.bool, device=pos.device)
+        return allowed | eye
 
     def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """Logits ``(N, W, V)`` of the window ``hi - W + [0, W)`` of every row (rows not live and
@@ -317,20 +324,21 @@ class StepEngine:
         first = pos[:, :1]  # the span's start (may be negative: left padding)
         pos = pos.clamp(0, self.length - 1)
         ids = s.canvas.gather(1, pos)
-        allowed = self.pattern(pos, real)
-        t0 = perf_counter()
+        group = None if self.full else blocks.attention_groups(s, rows, pos)  # (N, T)
+        allowed = self.pattern(pos, real, group)
+        run = self.runner(width)
         if self.cached:
-            assert s.cache_len is not None
+            assert s.cache_len is not None and group is not None
             boundary = blocks.cache_boundary(s, rows, lo, hi)
             cache_group = blocks.attention_groups(s, rows, self.canvas_pos)  # (N, S)
-            group = blocks.attention_groups(s, rows, pos)  # (N, T)
             in_cache = self.canvas_pos < s.cache_len[:, None]
             seen = in_cache[:, None, :] & real[:, :, None] & (cache_group[:, None, :] <= group[:, :, None])
-            allowed = torch.cat([seen, allowed], -1)
-            logits = self.runner(width)(ids, pos, allowed, real & (pos < boundary[:, None]))
+            args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), real & (pos < boundary[:, None]))
             s.cache_len = torch.where(live, boundary, s.cache_len)
         else:
-            logits = self.runner(width)(ids, pos, allowed)
+            args = (ids, pos, allowed)
+        t0 = perf_counter()
+        logits = run(*args)
         s.model_time += perf_counter() - t0
         s.forward_calls += 1
         s.counts[:, FORWARD_TOKENS] += real.sum(1)
