@@ -69,3 +69,29 @@ def test_a_rule_that_cannot_be_captured_runs_eagerly_with_one_warning(monkeypatc
 def test_capture_problems_are_empty_for_a_safe_policy():
     policy = DecodingPolicy("llada2.1-s", **{"blocks.params.block_length": 4, "remask.name": "remdm"})
     assert capture_problems(policy.remask, policy) == []
+
+
+def test_captured_rules_draw_as_the_eager_ones():
+    """Sampling, ancestral M2T and ReMDM draw once each per step: a captured rule must take the draw
+    index the eager one would (and pass the next one on), or two rules would share numbers."""
+    from dlm_toolkit.config import SamplingConfig
+    from dlm_toolkit.rule_capture import RuleRunners
+    from dlm_toolkit.testing import make_context
+
+    policy = DecodingPolicy("llada2.1-s", **{"m2t.name": "ancestral", "m2t.params.steps_per_block": 2,
+                                             "remask.name": "remdm", "remask.params.eta": 1.0})
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 10, (4, 8), generator=gen)
+    tokens[:, 2:6] = 11
+    logits = torch.randn(4, 8, 12, generator=gen) * 3
+
+    def ctx():
+        return make_context(tokens, logits, mask_token_id=11, sampling=SamplingConfig(temperature=1.0), prompt_len=1,
+                            block_masked_start=torch.full((4,), 6), block_step=1, seed=5)
+
+    eager, captured = ctx(), ctx()
+    policy.step(eager, {})
+    RuleRunners(policy, "compile", "aot_eager", {}).step(captured, {})
+    assert eager.draws == captured.draws == 3
+    for name in ("commit", "edit", "remask"):
+        assert torch.equal(getattr(eager, name), getattr(captured, name))

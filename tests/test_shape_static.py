@@ -51,7 +51,8 @@ POLICIES = [
     ("llada2.1-s", {"blocks.name": "multi_block_edit", "blocks.params.edit_blocks": 1, "t2t.params.threshold": 0.2}),
     ("llada2.0", {}),
     # three draws per step (sampling, ancestral, ReMDM): each captured rule must use its own draw index
-    ("llada2.1-s", {"m2t.name": "ancestral", "remask.name": "remdm", "remask.params.eta": 0.5,
+    ("llada2.1-s", {"m2t.name": "ancestral", "m2t.params.steps_per_block": 2, "remask.name": "remdm",
+                    "remask.params.eta": 0.5,
                     "sampling.temperature": 1.0}),
 ]
 
