@@ -25,6 +25,10 @@ with a scripted model that must finish with no mask left. The base classes have 
 Override :meth:`~_StrategyContract.make_rule` instead of ``rule_factory`` when building the
 rule needs more than a config, and :meth:`~_RuleContract.is_random` when only some configs
 draw random numbers.
+
+Import the suites from here; they are written in ``contracts_cases`` (random contexts),
+``contracts_base`` (what every role is checked for), ``contracts_rules`` (M2T, T2T, remask) and
+``contracts_blocks`` (block schedules).
 """
 
 from dlm_toolkit.testing.contracts_base import _StrategyContract
