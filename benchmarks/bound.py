@@ -72,7 +72,12 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int
     for _ in range(repeats + 1):  # the first is a warm-up (page faults, clocks)
         seconds = _timed(lambda: dst.copy_(src), device, 1)
         best = min(best, seconds)
-    return 2 * src.numel() * 4 / best
+    return copy_rate(src.numel() * 4, best)
+
+
+def copy_rate(nbytes: int, seconds: float) -> float:
+    """Bytes per second of a copy of ``nbytes`` that took ``seconds``: it reads and writes each byte."""
+    return 2 * nbytes / seconds
 
 
 def _timed(fn: Callable[[], Any], device: torch.device, iters: int) -> float:

@@ -56,6 +56,7 @@ def test_experts_hit_is_the_routing_the_model_reports():
 def test_copy_bandwidth_is_positive_and_forward_stats_count_ops():
     cpu = torch.device("cpu")
     assert bound.copy_bandwidth(cpu, nbytes=2**20, repeats=1) > 0
+    assert bound.copy_rate(10**9, 0.5) == 4e9  # 1 GB read + 1 GB written in half a second
     x = torch.ones(8)
     stats = bound.forward_stats(lambda: (x * 2 + 1).sum(), cpu, iters=2)  # mul, add, sum: 3 outer ops
     assert stats["aten_ops_per_forward"] == 3 and stats["ms_per_forward"] > 0
