@@ -8,7 +8,9 @@
 # 1. the capture tests on CUDA (tests/test_capture.py defines its CUDA-graph tests only where CUDA
 #    exists: graph replay == eager bit for bit in float32 and bf16, host-read fallback)
 # 2. conformance goldens on CUDA, forwards replayed from CUDA graphs (decode's default on CUDA)
-# 3. full-scale decode, random weights in mini's shapes, bf16, block 32: Q/S x batch 1/8/32, eager
+# 3. one MoE layer of mini's size: grouped GEMM's expert-read rate over the copy rate (target >= 0.5
+#    at 32 tokens)
+# 4. full-scale decode, random weights in mini's shapes, bf16, block 32: Q/S x batch 1/8/32, eager
 #    and CUDA graphs side by side (tokens/s, step ms per forward, GPU busy, kernels and aten ops
 #    per forward, experts hit, bytes per forward, copy rate, weight-read bound, fraction_of_bound)
 set -u
@@ -24,9 +26,10 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name"; timeout "$limit" "$@"
 nvidia-smi -L
 python3 -c "import torch, torch.nn.functional as F; print('torch', torch.__version__, torch.cuda.get_device_name(), 'grouped_mm', hasattr(F, 'grouped_mm'))"
 
-step capture-tests 90 python3 -m pytest tests/test_capture.py -q -p no:cacheprovider
-step conformance-tiny 90 python3 -m dlm_toolkit.cli conformance conformance/llada2_tiny --device cuda
-step full-scale-mini 300 python3 benchmarks/full_scale.py --shape mini --json
+step capture-tests 60 python3 -m pytest tests/test_capture.py -q -p no:cacheprovider
+step conformance-tiny 60 python3 -m dlm_toolkit.cli conformance conformance/llada2_tiny --device cuda
+step moe-mini 45 python3 benchmarks/moe_speed.py --device cuda --dims mini --tokens 32 256
+step full-scale-mini 270 python3 benchmarks/full_scale.py --shape mini --json
 python3 - "$OUT/full-scale-mini.txt" <<'PY'
 import json, sys
 keys = ("preset", "batch", "tokens_per_second", "tokens_per_second_graphs", "tokens_identical_graphs",

@@ -85,3 +85,14 @@ def test_full_scale_cpu_smoke_prints_the_bound_fields(capsys):
     dense = (2 * attention + 3 * H * cfg["intermediate_size"] + E * H + E + 3 * H * inner + H + V * H) * 4
     experts = r["experts_hit_per_moe_layer"] * 3 * H * inner * 4
     assert r["bytes_per_forward"] == dense + experts + 2 * 32 * H * 4  # + embedding rows of 2 x 32 tokens
+
+
+def test_moe_speed_reports_expert_bytes_and_their_read_rate():
+    import moe_speed
+
+    torch.set_num_threads(1)
+    r = moe_speed.moe_speedup(tokens=8, hidden=32, moe_intermediate=16, num_experts=16, top_k=2, n_group=4,
+                              topk_group=2, repeats=1)
+    assert 2 <= r["active_experts"] <= 16
+    assert r["expert_bytes"] == r["active_experts"] * 3 * 32 * 16 * 4  # gate, up, down of each, fp32
+    assert r["grouped_fraction_of_copy_rate"] > 0
