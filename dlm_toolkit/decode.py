@@ -40,6 +40,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.policy import DecodingPolicy, StepChecks, StrategyError
+from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
@@ -83,7 +84,8 @@ def decode(
             model has never seen those positions.
         cuda_graphs: capture the model forward once per (batch bucket, width, canvas) in a CUDA
             graph and replay it; ``None``: on when the model is on CUDA. Rows are padded to a
-            bucket of :data:`BUCKETS`; a larger batch is decoded in slices of the largest bucket.
+            bucket of :data:`BUCKETS` (a larger batch is decoded in slices of the largest bucket)
+            and the canvas to a power of two, so that decodes of many prompts share captures.
         check_every: steps between host reads (see the module docstring). The default 1 keeps
             ``forward_calls`` as low as possible; larger values run up to that many forwards
             without waiting for the host (tokens and NFE stay the same: rows that finished in
@@ -122,9 +124,10 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     n = len(prompts)
     padded = list(prompts) + [prompts[0]] * (rows - n)
     state = DecodeState.start(padded, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size,
-                              list(seeds) + [0] * (rows - n), model_device(model))
+                              list(seeds) + [0] * (rows - n), model_device(model), round_width=mode != "eager")
     state.done[n:] = True
     engine = StepEngine(model, blocks, state, cached, mode)
+    rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     trajectory = Trajectory(n_rows=n) if record else None
     checks = StepChecks(policy, blocks.max_forwards_per_block())
     start = perf_counter()
@@ -140,7 +143,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             since_read += 1
             logits = engine.forward(live, lo, hi)  # (N, W, V)
             ctx = step_context(policy, state, live, lo, hi, logits)
-            policy.step(ctx, state.memory)
+            rules_step(ctx, state.memory)
             write(state, ctx)
             blocks.finish_step(state, ctx)
             checks.add(ctx, state)

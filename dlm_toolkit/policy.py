@@ -74,12 +74,18 @@ class DecodingPolicy:
         ctx.edit = self._run(self.t2t, ctx, memory)
         ctx.remask = self._run(self.remask, ctx, memory)
 
-    @staticmethod
-    def _run(rule: Strategy, ctx: StepContext, memory: dict[str, Any]) -> torch.Tensor:
+    @classmethod
+    def _run(cls, rule: Strategy, ctx: StepContext, memory: dict[str, Any]) -> torch.Tensor:
         out = rule(ctx)
         if isinstance(out, Selection):
             memory[rule.role] = out.memory
             out = out.select
+        return cls.check_selection(rule, ctx, out)
+
+    @staticmethod
+    def check_selection(rule: Strategy, ctx: StepContext, out: Any) -> torch.Tensor:
+        """``out`` if it is a bool tensor shaped like the window, else a :class:`StrategyError`
+        naming the rule."""
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or out.shape != ctx.tokens.shape:
             got = f"{out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
             raise StrategyError(

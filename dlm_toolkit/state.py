@@ -71,9 +71,12 @@ class DecodeState:
         vocab_size: int,
         seed: int | Sequence[int] | None,
         device: torch.device | str = "cpu",
+        round_width: bool = False,
     ) -> DecodeState:
         """A fresh canvas per prompt on ``device``, laid out by ``schedule``; validates prompts,
-        ``gen_length`` and ``seed`` (see :func:`row_seeds`)."""
+        ``gen_length`` and ``seed`` (see :func:`row_seeds`). ``round_width``: make the canvas (and
+        so the KV buffer) a power of two wide, so that captured steps serve many prompt lengths
+        (the columns past every row's ``length`` stay masked and are never decoded)."""
         validate_prompts(prompts, gen_length, mask_token_id, vocab_size)
         seeds = row_seeds(seed, len(prompts))
         device = torch.device(device)
@@ -85,6 +88,8 @@ class DecodeState:
         origin, first_block, num_blocks = schedule.layout(prompt_len, gen_length)
         length = origin + num_blocks * block_length
         lmax = int(length.max())
+        if round_width:
+            lmax = 1 << (lmax - 1).bit_length()
         canvas = torch.full((n, lmax), mask_token_id, dtype=torch.long, device=cpu)
         for r, p in enumerate(prompts):
             canvas[r, : len(p)] = torch.as_tensor(list(p), dtype=torch.long, device=cpu)

@@ -14,13 +14,30 @@ then writes all three at once and lets the block schedule react.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, ClassVar, Mapping
 
 import torch
 
 from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
 from dlm_toolkit.state import DecodeState
+
+
+class cached_property:  # noqa: N801 - functools.cached_property without its lock (Python < 3.12)
+    """A value computed on first access and kept in the instance. ``functools.cached_property``
+    takes a lock on Python < 3.12, a context manager ``torch.compile`` cannot trace, so rules
+    reading ``ctx.fillable`` or ``ctx.probs`` could not be captured."""
+
+    def __init__(self, fn: Any):
+        self.fn, self.__doc__ = fn, fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)

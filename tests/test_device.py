@@ -6,49 +6,14 @@ import random
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlm_toolkit import ConfigError, DecodingPolicy, decode
 from dlm_toolkit.cli import main
 from dlm_toolkit.models import load_model, save_model
 from dlm_toolkit.runtime import resolve_device, resolve_dtype, resolve_threads, threads_scope
-from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
+from dlm_toolkit.testing import HostSyncs, ScriptedLM, mixing_logits, tiny_llada2
 
 V, MASK, EOS = 40, 39, 38
-aten = torch.ops.aten
-
-
-class HostSyncs(TorchDispatchMode):
-    """Counts the operations that make the host wait for the device: ``.item()``/``bool()``/
-    ``int()`` (``_local_scalar_dense``), ``nonzero``, boolean-mask indexing, and ``.tolist()``
-    (which the dispatcher does not see on the CPU, so it is wrapped)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.default):
-            self.count += 1
-        elif func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default):
-            indices = args[1]
-            self.count += any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
-        self._tolist = torch.Tensor.tolist
-        counter = self
-
-        def tolist(t):
-            counter.count += 1
-            return counter._tolist(t)
-
-        torch.Tensor.tolist = tolist
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
 
 
 @pytest.fixture(scope="module")

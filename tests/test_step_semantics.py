@@ -44,16 +44,15 @@ def test_row_statistics_count_tokens_up_to_the_first_eos(eos_early_stop):
     its first EOS, whatever the canvas holds after it (tokens decoded after the EOS, or masks)."""
     gen = 12
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
-    eos_at = [3 + 2, None, 4 + 6]  # absolute position of each row's first EOS (row 1 has none)
-    table = torch.full((32, V), -4.0)
-    table[torch.arange(32), torch.arange(32) % 7] = 4.0  # a peaked, non-EOS token everywhere...
-    table[20:, EOS] = 6.0  # ...and EOS late in every row (past row 1's generation, so row 1 has none)
+    # absolute position of each row's EOS: mid-generation in rows 0 and 2; in row 1 just past its
+    # generation (position 14 = 2 + 12, still on the canvas, whose last block runs to 16): no EOS
+    eos_at = [3 + 2, 2 + 12, 4 + 6]
     per_row = []
-    for r, at in enumerate(eos_at):
-        t = table.clone()
-        if at is not None:
-            t[at, EOS] = 8.0
-        per_row.append(t)
+    for at in eos_at:
+        table = torch.full((16, V), -4.0)
+        table[torch.arange(16), torch.arange(16) % 7] = 4.0  # a peaked, non-EOS token everywhere...
+        table[at, EOS] = 8.0  # ...but the EOS here
+        per_row.append(table)
     blocks = {"params": {"block_length": 4, "max_post_steps": 1, "eos_early_stop": eos_early_stop}}
     pol = _policy({"name": "threshold", "params": {"threshold": 0.5}}, blocks)
     results = []
@@ -66,7 +65,9 @@ def test_row_statistics_count_tokens_up_to_the_first_eos(eos_early_stop):
         assert EOS not in expect[:-1]
         row = res.rows[0]
         assert row.tokens == expect
-        if eos_at[r] is not None:
+        if r == 1:
+            assert len(expect) == gen and res.canvas[0, eos_at[r]] == EOS  # an EOS past the output is no EOS
+        else:
             assert len(expect) == eos_at[r] - len(p) + 1 < gen  # the canvas runs on past the EOS
         assert row.tpf == pytest.approx(len(expect) / row.nfe)
         summary = res.summary()
@@ -115,8 +116,10 @@ Q_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.7), (0.7, 4, 0.7), (1.0, 5, 0.6), (1.3, 0, 1.0)])
-def test_tempered_top_k_top_p_draws_follow_a_float64_reference(temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature, top_k, top_p, float64", [(0.7, 0, 0.7, False), (0.7, 4, 0.7, False),
+                                                                  (0.7, 4, 0.7, True), (1.0, 5, 0.6, False),
+                                                                  (1.3, 0, 1.0, False)])
+def test_tempered_top_k_top_p_draws_follow_a_float64_reference(temperature, top_k, top_p, float64):
     """Thousands of draws per row from fixed logits: the drawn tokens are exactly the reference
     nucleus (never a token outside it, every token inside it, the one crossing p included), at its
     renormalised frequencies, and each draw's confidence is the *untempered* softmax of the logits
@@ -129,7 +132,7 @@ def test_tempered_top_k_top_p_draws_follow_a_float64_reference(temperature, top_
         rows.append(_designed_logits(q, temperature, perm))
     logits = torch.stack(rows)[:, None, :].expand(-1, w, -1).contiguous()  # (3, W, V)
     tokens = torch.full((len(rows), w), MASK)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, gumbel_float64=float64)
     ctx = make_context(tokens, logits, mask_token_id=MASK, sampling=sampling, seed=3)
     for r in range(len(rows)):
         keep, want = _nucleus(logits[r, 0], temperature, top_k, top_p)
@@ -312,7 +315,9 @@ def test_a_block_that_never_ends_hits_the_per_block_forward_limit(post):
     model = _bounded_model(10 * limit)
     with pytest.raises(StrategyError, match=rf"'_semantics_never_ends' exceeded {limit} forwards in one block"):
         decode(model, [[1, 2, 3]], pol, 8, kv_cache=False)
-    assert limit < model.calls <= limit + 2  # raised right after the limit, not later
+    # the limit was reached, and the error came soon after it (an engine that reads the device only
+    # every few forwards may run a few more, never many)
+    assert limit < model.calls <= 2 * limit + 2
 
 
 def test_a_remask_rule_without_net_progress_is_refused():
@@ -326,7 +331,6 @@ def test_a_remask_rule_without_net_progress_is_refused():
     with pytest.raises(StrategyError, match=r"'_semantics_remask_everything' remasked 1 positions in batch row 0 "
                                             r"but only 1 were committed \(net progress must be >= 1\)"):
         decode(model, [[1, 2, 3]], pol, 8)
-    assert model.calls <= 3  # raised at the read after the offending step
 
 
 # -- g. every row has its own random stream --------------------------------------------------------
@@ -340,7 +344,7 @@ def test_one_prompt_repeated_in_a_batch_draws_differently_per_row():
     pol = _policy({"name": "threshold", "params": {"threshold": 0.6}},
                   {"params": {"block_length": 8, "max_post_steps": 1, "eos_early_stop": False}},
                   sampling={"temperature": 1.0})
-    prompt, gen, seed = [1, 2, 3, 4, 5], 16, 4
+    prompt, gen, seed = [1, 2, 3, 4, 5], 24, 4
     batch = decode(model, [prompt] * 4, pol, gen, seed=seed)
     assert len({tuple(t) for t in batch.tokens}) == 4, batch.tokens
     for r in (0, 3):

@@ -1,10 +1,11 @@
 """Test helpers shipped with the library: scripted models and contract suites for plug-ins."""
 
 from dlm_toolkit.testing.context import make_context
+from dlm_toolkit.testing.host_syncs import HostSyncs
 from dlm_toolkit.testing.models import tiny_llada2, tiny_llada2_config
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits, table_logits
 
-__all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "ScriptedLM", "mixing_logits", "table_logits",
+__all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "HostSyncs", "ScriptedLM", "mixing_logits", "table_logits",
            "UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract"]
 
 _CONTRACTS = ("UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract")
