@@ -38,7 +38,11 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bound import copy_bandwidth, experts_hit, forward_stats, weight_bytes  # noqa: E402
+
 from dlm_toolkit import DecodingPolicy, decode
+from dlm_toolkit.capture import StepRunner
 from dlm_toolkit.distributed import init_from_env
 from dlm_toolkit.models import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 
@@ -61,7 +65,7 @@ SHAPES: dict[str, dict[str, Any]] = {
                   eos_token_id=2046),
 }
 PRESETS = {"Q": "llada2.1-q", "S": "llada2.1-s"}
-PROMPT_LENGTHS = (48, 64, 80, 96, 112, 128, 144, 160)  # the fixed prompt set; batch b takes the first b
+PROMPT_LENGTHS = (48, 64, 80, 96, 112, 128, 144, 160) * 4  # the fixed prompt set; batch b takes the first b
 
 
 def config(shape: str, layers: int | None = None) -> LLaDA2Config:
@@ -160,22 +164,28 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def run(model: LLaDA2MoeModelLM, shape: str, device: torch.device, batches: list[int], presets: list[str],
         gen_length: int, block: int, moe_impl: str) -> list[dict[str, Any]]:
+    """One record per (preset, batch): the decode eagerly (``ms_per_forward`` by CUDA events around
+    each forward) and, on a GPU, with CUDA graphs (``*_graphs``), side by side, plus the step
+    forward's cost against the weight-read bound (:func:`forward_record`, per batch)."""
     dtype, cfg, tp = model.dtype, model.config, model.tp
     model.set_moe_impl(moe_impl)
     timed = TimedModel(model, device)
+    graphs = device.type == "cuda"
+    bandwidth = copy_bandwidth(device)
+    forwards = {batch: forward_record(model, device, batch, block, gen_length, bandwidth) for batch in batches}
     records = []
     for preset in presets:
         policy = preset_policy(preset, block)
         for batch in batches:
             batch_prompts = prompts(cfg, batch)
-            decode(timed, batch_prompts, policy, block)  # warm-up (kernels, allocator)
+            decode(timed, batch_prompts, policy, block, cuda_graphs=False)  # warm-up (kernels, allocator)
             timed.reset()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            result = decode(timed, batch_prompts, policy, gen_length)
+            result = decode(timed, batch_prompts, policy, gen_length, cuda_graphs=False)
             forward_s = timed.forward_seconds()
             s = result.summary()
-            records.append({
+            record = {
                 "shape": shape, "layers": cfg.num_hidden_layers, "preset": preset, "batch": batch, "block_length": block, "gen_length": gen_length,
                 "dtype": str(dtype).removeprefix("torch."), "moe_impl": moe_impl, "world_size": tp.world,
                 "tokens_per_second": s["tokens_per_second"], "ms_per_forward": 1e3 * forward_s / result.forward_calls,
@@ -183,8 +193,79 @@ def run(model: LLaDA2MoeModelLM, shape: str, device: torch.device, batches: list
                 "engine_overhead_fraction": max(0.0, 1.0 - forward_s / result.wall_time),
                 "wall_time_s": result.wall_time, "peak_memory_gb": peak_memory_bytes(device) / 1e9,
                 "device": device_name(device),
-            })
+                "tokens_per_second_graphs": None, "wall_time_s_graphs": None, "tokens_identical_graphs": None,
+            }
+            if graphs:
+                decode(model, batch_prompts, policy, block, cuda_graphs=True)  # warm-up: captures
+                replayed = decode(model, batch_prompts, policy, gen_length, cuda_graphs=True)
+                record.update(tokens_per_second_graphs=replayed.summary()["tokens_per_second"],
+                              wall_time_s_graphs=replayed.wall_time,
+                              tokens_identical_graphs=[r.tokens for r in replayed.rows] == [r.tokens for r in result.rows])
+            records.append({**record, **forwards[batch]})
     return records
+
+
+def step_inputs(model: LLaDA2MoeModelLM, batch: int, block: int, gen_length: int):
+    """A decode step's forward for ``batch`` prompts, shape-static as the engine runs it: the KV
+    cache holds each row's whole blocks of prompt (prefilled here by one forward), the window is
+    the next ``block`` positions, attention spans the whole cache buffer (the cached length is in
+    the mask). Returns (cache, args of ``forward_window`` after the cache: ids, positions, mask,
+    cache rows, cache writes (none), number of tokens)."""
+    cfg, device = model.config, model.lm_head.weight.device
+    rows = prompts(cfg, batch)
+    cached = torch.tensor([len(p) // block * block for p in rows], device=device)  # (B,)
+    length = -(-max(len(p) for p in rows) // block) * block + gen_length
+    ids = torch.full((batch, length), cfg.mask_token_id, dtype=torch.long, device=device)
+    for r, p in enumerate(rows):
+        ids[r, : len(p)] = torch.tensor(p, device=device)
+    pos = torch.arange(length, device=device).expand(batch, length)
+    cache = model.new_cache(batch, length)
+    every = torch.arange(batch, device=device)
+    upto = int(cached.max())
+    real = pos[:, :upto] < cached[:, None]  # (B, P)
+    causal = (pos[:, None, :upto] // block) <= (pos[:, :upto, None] // block)
+    window = (causal & real[:, None, :]) | torch.eye(upto, dtype=torch.bool, device=device)
+    no_cache = torch.zeros(batch, upto, length, dtype=torch.bool, device=device)
+    with torch.inference_mode():
+        model.forward_window(ids[:, :upto], pos[:, :upto], torch.cat([no_cache, window], -1), cache=cache,
+                             cache_rows=every, cache_write=real)
+    step_pos = cached[:, None] + torch.arange(block, device=device)  # (B, T)
+    in_cache = pos[:, None, :].expand(batch, block, length) < cached[:, None, None]
+    mask = torch.cat([in_cache, torch.ones(batch, block, block, dtype=torch.bool, device=device)], -1)
+    step_ids = ids.gather(1, step_pos)
+    nowrite = torch.zeros(batch, block, dtype=torch.bool, device=device)
+    return cache, (step_ids, step_pos, mask, every, nowrite)
+
+
+def forward_record(model: LLaDA2MoeModelLM, device: torch.device, batch: int, block: int, gen_length: int,
+                   bandwidth: float) -> dict[str, Any]:
+    """The step forward at ``batch`` rows: time, ops and kernels per forward eagerly and (on a GPU)
+    replayed from a CUDA graph, and the weight-read bound from the experts this forward routed to
+    (``bound_ms_per_forward`` = bytes / measured copy rate; ``fraction_of_bound`` = bound / time)."""
+    cache, args = step_inputs(model, batch, block, gen_length)
+
+    def step(ids, pos, mask, rows, write):
+        return model.forward_window(ids, pos, mask, cache=cache, cache_rows=rows, cache_write=write)
+
+    with torch.inference_mode():
+        hit = experts_hit(model, lambda: step(*args))
+        need = weight_bytes(model, hit, batch * block)
+        eager = forward_stats(lambda: step(*args), device)
+        graphs: dict[str, Any] = dict.fromkeys(eager, None)
+        if device.type == "cuda":
+            runner = StepRunner(step, f"forward (batch {batch})", "cuda_graphs")
+            graphs = forward_stats(lambda: runner(*args), device)
+    bound_ms = 1e3 * need["total"] / bandwidth
+    out: dict[str, Any] = {
+        "step_ms_per_forward": eager["ms_per_forward"], "step_ms_per_forward_graphs": graphs["ms_per_forward"],
+        "gpu_busy_fraction": eager["gpu_busy_fraction"], "gpu_busy_fraction_graphs": graphs["gpu_busy_fraction"],
+        "aten_ops_per_forward": eager["aten_ops_per_forward"], "kernels_per_forward": eager["kernels_per_forward"],
+        "experts_hit_per_moe_layer": sum(hit) / max(1, len(hit)), "bytes_per_forward": need["total"],
+        "expert_bytes_per_forward": need["experts"], "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "bound_ms_per_forward": bound_ms, "fraction_of_bound": bound_ms / eager["ms_per_forward"],
+        "fraction_of_bound_graphs": None if graphs["ms_per_forward"] is None else bound_ms / graphs["ms_per_forward"],
+    }
+    return out
 
 
 def roundtrip(model: LLaDA2MoeModelLM, folder: str, device: torch.device, batch: int, presets: list[str],
@@ -257,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), help="default: mini on a GPU, smoke on a CPU")
     parser.add_argument("--cpu-smoke", action="store_true", help="the scaled-down shape on the CPU")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], choices=range(1, len(PROMPT_LENGTHS) + 1))
+    parser.add_argument("--batch", type=int, nargs="+", choices=range(1, len(PROMPT_LENGTHS) + 1),
+                        help="default: 1 8 32 on a GPU, 1 8 on a CPU")
     parser.add_argument("--presets", nargs="+", default=["Q", "S"], choices=sorted(PRESETS))
     parser.add_argument("--gen-length", type=int, default=None, help="default: 256 (64 for the smoke shape)")
     parser.add_argument("--block-length", type=int, default=32)
@@ -286,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" or not smoke else torch.float32
     model = random_model(config(shape, args.layers), dtype, device, tp, args.logit_scale or (30.0 if smoke else 8.0))
     gen_length = args.gen_length or (64 if smoke else 256)
+    args.batch = args.batch or ([1, 8, 32] if device.type == "cuda" else [1, 8])
     records = run(model, shape, device, args.batch, args.presets, gen_length, args.block_length, args.moe_impl)
     if args.profile:
         print(profile(model, device, max(args.batch), args.presets[0], args.block_length))

@@ -7,7 +7,10 @@ decode sizes (32 and 256 tokens: one block of 32 at batch 1 and 8) and at a pref
 
 On a GPU: ``python benchmarks/moe_speed.py --device cuda --dims mini`` (bf16, mini's layer: hidden
 2048, expert width 512). Each path's error is reported against a float32 run of the reference
-path on the same (upcast) weights: ``rel_err_*`` = ‖out − ref‖ / ‖ref‖.
+path on the same (upcast) weights: ``rel_err_*`` = ‖out − ref‖ / ‖ref‖. ``expert_bytes`` are the
+weights of the experts the routing hit (the bytes the layer must read); ``grouped_fraction_of_copy_rate``
+is their read rate in the grouped path over the device's measured copy rate (``bound.py``; the
+issue-25 target at 32 tokens on a GPU: at least 0.5).
 """
 
 from __future__ import annotations
@@ -17,9 +20,15 @@ import json
 import statistics
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 
 from dlm_toolkit.models.llada2 import LLaDA2Config, MoE
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bound import copy_bandwidth  # noqa: E402
 
 DIMS = {"small": (512, 128), "mini": (2048, 512), "flash": (4096, 1024)}  # hidden, expert width
 
@@ -68,12 +77,15 @@ def moe_speedup(tokens: int = 2048, hidden: int = 512, moe_intermediate: int = 1
     t_grouped = _time(lambda: experts(x, idx, weight, "grouped"), repeats, device)
     ref = experts(x, idx, weight, "reference").float()
     grouped = experts(x, idx, weight, "grouped").float()
+    active = int(idx.unique().numel())
+    expert_bytes = active * 3 * hidden * moe_intermediate * experts.gate_proj.element_size()
     exact = experts.float()(x.float(), idx, weight, "reference")  # upcasts the weights in place: last
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "hidden": hidden,
         "moe_intermediate": moe_intermediate, "num_experts": num_experts, "top_k": top_k,
-        "groups": f"{n_group}/{topk_group}", "active_experts": int(idx.unique().numel()),
+        "groups": f"{n_group}/{topk_group}", "active_experts": active, "expert_bytes": expert_bytes,
+        "grouped_fraction_of_copy_rate": expert_bytes / t_grouped / copy_bandwidth(device),
         "threads": torch.get_num_threads(), "reference_s": t_ref, "grouped_s": t_grouped,
         "speedup": t_ref / t_grouped, "max_abs_diff": (grouped - ref).abs().max().item(),
         "rel_err_reference": ((ref - exact).norm() / exact.norm()).item(),

@@ -30,14 +30,15 @@ import torch
 
 CaptureMode = Literal["eager", "compile", "cuda_graphs"]
 
+RECOMPILE_LIMIT = 64
+"""Compilations dynamo keeps per code object (its default, 8, is below the (bucket, width) keys a
+runner may see); ``"compile"`` raises ``torch._dynamo.config.recompile_limit`` to at least this."""
+
 Key = tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
 
 
 class HostReadError(RuntimeError):
     """A step's traced graph reads tensor values back to the host (it would sync every call)."""
-
-
-_HOST_READ_OPS = frozenset({"item", "tolist", "nonzero", "_local_scalar_dense", "unique", "masked_select"})
 
 
 def host_reads(gm: torch.fx.GraphModule) -> list[str]:
@@ -46,7 +47,9 @@ def host_reads(gm: torch.fx.GraphModule) -> list[str]:
     Dynamo no longer breaks the graph at every host read (it traces ``.item()`` and ``nonzero``
     into the graph as data-dependent values), so ``fullgraph=True`` alone does not prove a step
     sync-free: with static shapes (``dynamic=False``), any unbacked symbol (a size or scalar known
-    only at run time) in a node's value, or one of the reading ops by name, is a host read.
+    only at run time) in a node's value is a host read (``.item()``, ``int(t)``, ``nonzero``, boolean
+    indexing, ``unique``, ``masked_select``, ``bincount``, ...). Python branches on such values
+    (``bool(t)``, ``.tolist()`` used in a loop) already fail inside dynamo.
     """
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -54,7 +57,7 @@ def host_reads(gm: torch.fx.GraphModule) -> list[str]:
     for node in gm.graph.nodes:
         target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
         value = node.meta.get("example_value")
-        if target in _HOST_READ_OPS or (value is not None and free_unbacked_symbols(value)):
+        if value is not None and free_unbacked_symbols(value):
             found.append(target)
     return list(dict.fromkeys(found))
 
@@ -120,7 +123,7 @@ class StepRunner:
         # keeps runners (one per decode) from sharing, and exhausting, one recompile limit.
         own = types.FunctionType(step.__code__.replace(), step.__globals__, f"step_{self.name}", None,
                                  step.__closure__)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         return torch.compile(own, fullgraph=True, dynamic=False, backend=counting)
 
     def __call__(self, *args: torch.Tensor) -> Any:

@@ -11,11 +11,13 @@ machine, rather than skipped).
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 import torch
 
+from dlm_toolkit import capture
 from dlm_toolkit.capture import StepRunner
 from dlm_toolkit.models import LLaDA2MoeModelLM
 from tests.test_model_llada2 import tiny_config
@@ -121,15 +123,40 @@ def test_new_shape_is_a_new_compilation():
     assert runner.compilations == 2
 
 
-def test_runners_do_not_share_a_recompile_limit():
-    # one runner per decode: dynamo's per-code-object limit (8) must not turn the tenth eager
+def test_runners_do_not_share_a_recompile_limit(monkeypatch):
+    # one runner per (bucket, width, canvas) and model: dynamo's per-code-object recompile limit
+    # (here 2) must not turn the third runner of one function eager
+    monkeypatch.setattr(capture, "RECOMPILE_LIMIT", 2)
+
     def double(x):
         return x * 2
 
-    for _ in range(10):
-        runner = StepRunner(double, "double", "compile", backend="aot_eager")
-        assert torch.equal(runner(torch.ones(3)), torch.full((3,), 2.0))
-        assert runner.compilations == 1
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for _ in range(4):
+            runner = StepRunner(double, "double", "compile", backend="aot_eager")
+            assert torch.equal(runner(torch.ones(3)), torch.full((3,), 2.0))
+            assert runner.compilations == 1
+
+
+HOST_READS = {
+    "int item": lambda x: x * x.long().sum().item(),
+    "int()": lambda x: x * int(x.sum()),
+    "nonzero": lambda x: x[x.nonzero(as_tuple=True)].sum() * x,
+    "bool index": lambda x: x[x > 1].sum() * x,
+    "bool()": lambda x: x * 2 if bool(x.sum() > 0) else x,
+    "unique": lambda x: x.unique().sum() * x,
+    "bincount": lambda x: x.long().bincount().sum() * x,
+}
+
+
+@pytest.mark.parametrize("kind", HOST_READS)
+def test_every_kind_of_host_read_is_refused(kind):
+    fn = HOST_READS[kind]
+    runner = StepRunner(fn, kind, "compile", backend="aot_eager")
+    x = torch.arange(4.0)
+    with pytest.warns(RuntimeWarning, match=re.escape(f"step '{kind}' cannot be captured")):
+        out = runner(x)
+    assert runner.failed and torch.equal(out, fn(x))
 
 
 def test_host_read_falls_back_with_one_warning_and_same_result():

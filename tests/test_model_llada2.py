@@ -196,3 +196,20 @@ def test_forward_window_rejects_bad_shapes(model):
         model.forward_window(ids, pos, torch.ones(1, 4, 4))  # not bool
     with pytest.raises(ValueError, match="cache"):
         model.forward_window(ids, pos, torch.ones(1, 4, 6, dtype=torch.bool))  # S=2 without a cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rms_norm_matches_the_formula_in_float64(dtype):
+    from dlm_toolkit.models.llada2 import RMSNorm
+
+    norm = RMSNorm(64, 1e-6, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=torch.Generator().manual_seed(1)))
+    x = (torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2)) * 7).to(dtype)
+    x64, w64 = x.double(), norm.weight.double()
+    want = w64 * x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    got = norm(x)
+    assert got.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the float32 result
+    assert ((got.double() - want).abs() / want.abs().clamp_min(1)).max() < tol
+    assert torch.equal(got, norm.reference(x)) or (got.float() - norm.reference(x).float()).abs().max() < tol * 8

@@ -209,3 +209,51 @@ def test_sharded_fixture_checkpoint_loads_bf16_and_saves_per_expert(tmp_path):
     again = load_model(tmp_path)
     for key, value in model.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@torch.no_grad()
+def test_dense_capture_path_equals_reference_and_definition(shape):
+    """The path a capture takes where grouped GEMM does not run (float32 on CUDA): every expert on
+    every token, weighted; against the float64 definition, and bit-close to the reference."""
+    _, moe = random_moe(shape, seed=sum(shape))
+    x = torch.randn(41, shape[0], generator=torch.Generator().manual_seed(1))
+    _, idx, weight = moe.gate(x)
+    exact = per_token_moe(moe.experts, x, idx, weight)
+    dense = moe.experts._dense(x, idx, weight)
+    assert (dense.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+    torch.testing.assert_close(dense, moe.experts._reference(x, idx, weight), rtol=1e-6, atol=1e-7)
+
+
+@torch.no_grad()
+def test_dense_capture_path_leaves_out_other_ranks_experts():
+    _, moe = random_moe(SHAPES[1], seed=3)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(2))
+    _, idx, weight = moe.gate(x)
+    half = Experts(8, 32, 16, torch.float32, first=8)  # experts 8..15 of 16, as rank 1 of 2
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(half, name).copy_(getattr(moe.experts, name)[8:])
+    torch.testing.assert_close(half._dense(x, idx, weight), half._reference(x, idx, weight), rtol=1e-6, atol=1e-7)
+
+
+def test_compiled_forward_without_grouped_kernel_takes_the_dense_path(monkeypatch):
+    """Where grouped GEMM does not run, a captured forward must not fall back to the reference
+    path's host reads: it compiles full-graph (no warning) and matches the eager reference."""
+    import warnings
+
+    from dlm_toolkit.capture import StepRunner
+    from dlm_toolkit.models import moe as moe_module
+
+    model = tiny_llada2(0)
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(12).expand(2, 12)
+    mask = torch.ones(2, 12, 12, dtype=torch.bool)
+    monkeypatch.setattr(moe_module, "grouped_mm_supported", lambda device, dtype: False)
+    with torch.inference_mode():
+        want = model.forward_window(ids, pos, mask)  # eager: the reference path
+        runner = StepRunner(lambda i, p, m: model.forward_window(i, p, m), "no-grouped", "compile", backend="aot_eager")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = runner(ids, pos, mask)
+    assert runner.compilations == 1 and not runner.failed
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

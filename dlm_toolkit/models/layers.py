@@ -28,6 +28,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One fused kernel (F.rms_norm) instead of nine small ops; in float32 as the reference.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The op-by-op formula the fused kernel is tested against."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * x32).to(x.dtype)
@@ -101,8 +108,10 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
         self.dense = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False, dtype=dtype)
 
-    def forward(self, x, cos, sin, mask, cache_kv=None, cache_rows=None, write_pos=None):
+    def forward(self, x, cos, sin, mask, cache_kv=None, cache_rows=None, write_pos=None, no_keys=None):
         """x (B, T, H); mask (B, 1, T, S+T) bool; cache_kv = (K, V) of one layer or None;
+        no_keys (B, 1, T, 1) bool: queries the mask lets see nothing (computed from ``mask`` when
+        None; the model computes it once per forward for all layers);
         cache_rows (B,) long; write_pos (B, T) long: the cache position each window entry is
         stored at (the spare slot for entries not stored, see :class:`KVCache`), or None."""
         B, T, _ = x.shape
@@ -119,7 +128,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)  # (B, nq, T, D)
         # A query with no allowed key (padding) gives NaN on some backends; NaN values would leak
         # into other rows through 0 * NaN in later layers, so such rows output exactly zero.
-        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+        out = out.masked_fill(~mask.any(-1, keepdim=True) if no_keys is None else no_keys, 0.0)
         if write_pos is not None:  # after the read above: the window's own keys come from k, v
             rows = cache_rows[:, None].expand(B, T)
             cache_kv[0][rows, :, write_pos] = k.transpose(1, 2)  # (B, T, nkv, D) at (row, :, pos)

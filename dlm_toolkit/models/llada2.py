@@ -46,8 +46,8 @@ class DecoderLayer(nn.Module):
         dense = layer < cfg.first_k_dense_replace
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size // tp.world, dtype) if dense else MoE(cfg, dtype, tp)
 
-    def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace):
-        attn = self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_pos)
+    def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace, no_keys=None):
+        attn = self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_pos, no_keys)
         h = h + self.tp.all_reduce(attn)
         x = self.post_attention_layernorm(h)
         mlp = self.mlp(x, trace, self.layer) if isinstance(self.mlp, MoE) else self.mlp(x)
@@ -191,12 +191,13 @@ class LLaDA2MoeModelLM(nn.Module):
         trace = {} if return_intermediates else None
         cos, sin = rope_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         mask = attn_mask[:, None]  # (B, 1, T, S+T), broadcast over heads
+        no_keys = ~mask.any(-1, keepdim=True)  # (B, 1, T, 1) padding queries, once for all layers
         h = self.model.word_embeddings(input_ids)  # (B, T, H)
         if trace is not None:
             trace["embeddings"] = h
         for i, layer in enumerate(self.model.layers):
             cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace)
+            h = layer(h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace, no_keys)
             if trace is not None:
                 trace[f"layer_out.{i}"] = h
         h = self.model.norm(h)

@@ -82,6 +82,11 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
     return F.grouped_mm(a, b, offs=offs)
 
 
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether ``x``'s forward is being traced by ``torch.compile`` or captured in a CUDA graph."""
+    return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _aligned(t: torch.Tensor, align: int, dims: int = 1) -> torch.Tensor:
     """Zero-pad the last ``dims`` dims to multiples of ``align``: grouped GEMM (forward and
     backward) needs 16-byte aligned strides; zero rows/columns add nothing to any dot product
@@ -120,7 +125,22 @@ class Experts(nn.Module):
         """
         if impl == "grouped" and grouped_mm_supported(x.device, self.gate_proj.dtype):
             return self._grouped(x, idx, weight, sharded)
+        if impl == "grouped" and _capturing(x):  # no grouped kernel here (float32 on CUDA)
+            return self._dense(x, idx, weight)
         return self._reference(x, idx, weight)
+
+    def _dense(self, x, idx, weight) -> torch.Tensor:
+        """Every expert held here on every token, times its routing weight (zero where the token did
+        not choose it): fixed shapes and no host read, so a CUDA graph or a compiled graph holds
+        it where grouped GEMM does not run. It adds the experts' terms in expert order, as
+        :meth:`_reference` does, so the two differ only in how a matmul rounds a batch of rows."""
+        slot = idx - self.first  # (N, K) local expert index (others' experts never match)
+        y = torch.zeros_like(x)
+        for e in range(self.count):
+            w = torch.where(slot == e, weight, 0.0).sum(-1)  # (N,) float32
+            h = F.silu(F.linear(x, self.gate_proj[e])) * F.linear(x, self.up_proj[e])
+            y = y + F.linear(h, self.down_proj[e]) * w[:, None].to(x.dtype)
+        return y
 
     def _grouped(self, x, idx, weight, sharded: bool) -> torch.Tensor:
         """One grouped GEMM per projection over the (token, expert) pairs sorted by expert. No
@@ -199,7 +219,8 @@ class MoE(nn.Module):
     """Routed experts (stacked, see :class:`Experts`) plus an always-on shared expert.
 
     ``impl``: ``"grouped"`` (default; one grouped GEMM per projection where the kernel exists,
-    see :func:`grouped_mm_supported`, else the reference) or ``"reference"`` (one matmul chain
+    see :func:`grouped_mm_supported`, else the reference, or inside a capture the dense path
+    :meth:`Experts._dense`, which reads nothing back to the host) or ``"reference"`` (one matmul chain
     per active expert, after a host sync). Under expert parallelism the router runs on every
     rank (same input, same choice) and each rank adds the terms of its own experts.
     """
