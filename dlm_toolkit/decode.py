@@ -25,6 +25,11 @@ contract raises there, before anything is returned). Nothing else in the loop re
 not the rules, the checks, the canvas writes, the block ends or the random draws (counter-based,
 :mod:`dlm_toolkit.rng`). The first read of a decode also gives the prefill's width. Recording a
 trajectory reads every step.
+
+Why every row forwards every step (behind ``live``) rather than the batch being compacted to the
+rows still decoding: compaction needs the host to know which rows those are (a read) and gives
+each step a different batch shape (a capture per count). The price is compute spent on finished
+rows until the slowest row of the batch is done.
 """
 
 from __future__ import annotations
@@ -82,8 +87,10 @@ def decode(
         allow_past_context: decode even where the canvas (prompt + generation, whole blocks)
             runs past the model's ``max_position_embeddings``; refused by default, since the
             model has never seen those positions.
-        cuda_graphs: capture the model forward once per (batch bucket, width, canvas) in a CUDA
-            graph and replay it; ``None``: on when the model is on CUDA. Rows are padded to a
+        cuda_graphs: capture the model forward once per (batch bucket, width, canvas), and each
+            rule of the policy once per layout (:mod:`dlm_toolkit.rule_capture`), in CUDA graphs
+            and replay them; ``None``: on when the model is on CUDA. A rule that cannot be
+            captured runs eagerly after one warning naming it (same tokens). Rows are padded to a
             bucket of :data:`BUCKETS` (a larger batch is decoded in slices of the largest bucket)
             and the canvas to a power of two, so that decodes of many prompts share captures.
         check_every: steps between host reads (see the module docstring). The default 1 keeps

@@ -1,7 +1,7 @@
 """All per-decode state, and the result a decode returns.
 
 Rows of a batch move independently: each has its own active block, post-step counter, KV-cache
-length, counters and random stream, so a batch gives row for row what decoding each prompt alone
+length, counters and random key, so a batch gives row for row what decoding each prompt alone
 gives, at any temperature. Every tensor lives on the model's device; per-row updates are masked
 writes over the whole batch (``torch.where``), never boolean indexing, so they need no host sync.
 """
