@@ -39,8 +39,8 @@ def dilated_group(offset: torch.Tensor, span: torch.Tensor, base: int) -> torch.
         forwards = forwards + (base**j < span).long()
         if j:
             times_divided = times_divided + ((offset % base**j) == 0).long()
-    group = (forwards[:, None] - 1 - times_divided).clamp(min=0)
-    return torch.where(offset == 0, 0, group)
+    # offset 0 is divided MAX_POWERS - 1 times, which puts it in group 0 with the block's middle
+    return (forwards[:, None] - 1 - times_divided).clamp(min=0)
 
 
 @M2T.register("dus")

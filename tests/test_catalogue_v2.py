@@ -1,0 +1,335 @@
+"""Catalogue v2 (issue 26): WINO, DUS, PC-Sampler and T2M on hand-worked examples, and each
+decoded end to end against a plain-Python, float64 reimplementation of its paper's loop on a
+small random model (the contract suites run them in tests/test_contracts.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+import pytest
+import torch
+
+from dlm_toolkit import Selection
+from dlm_toolkit.decode import decode
+from dlm_toolkit.registry import M2T, REMASK
+from dlm_toolkit.testing import make_context
+from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
+from strategies.m2t_dus import dilated_group
+
+M = 9  # mask id in a 10-token vocab (test helpers below)
+VOCAB, MASK, EOS = 24, 23, 22  # the random model's vocabulary
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def conf(*pairs: tuple[float, int], vocab: int = 10) -> torch.Tensor:
+    """(1, W, V) logits giving token t probability p, the rest spread evenly over non-mask tokens."""
+    rows = []
+    for p, t in pairs:
+        row = torch.full((vocab,), math.log((1 - p) / (vocab - 2)))
+        row[t] = math.log(p)
+        row[M] = float("-inf")
+        rows.append(row)
+    return torch.stack(rows)[None]
+
+
+def selected(out) -> list[int]:
+    out = out.select if isinstance(out, Selection) else out
+    return out[0].nonzero().flatten().tolist()
+
+
+# -- hand-worked examples ------------------------------------------------------------------------
+
+
+def test_dus_groups_bisect_the_gaps():
+    # n = 8, base 2: {0, 4}, then {2, 6}, then the odd offsets: 3 forwards = log2(8)
+    offset = torch.arange(8)[None]
+    assert dilated_group(offset, torch.tensor([8]), 2)[0].tolist() == [0, 2, 1, 2, 0, 2, 1, 2]
+    # n = 16: 4 forwards; n = 5: ceil(log2 5) = 3 forwards, offsets 0 and 4 first
+    assert dilated_group(torch.arange(16)[None], torch.tensor([16]), 2)[0].max().item() == 3
+    assert dilated_group(torch.arange(5)[None], torch.tensor([5]), 2)[0].tolist() == [0, 2, 1, 2, 0]
+    # base 3, n = 9: {0, 3, 6} then the rest: 2 forwards = log3(9)
+    assert dilated_group(torch.arange(9)[None], torch.tensor([9]), 3)[0].tolist() == [0, 1, 1, 0, 1, 1, 0, 1, 1]
+
+
+def test_dus_commits_its_group_whatever_the_confidence():
+    # block of 8 after a 2-token prompt (offsets count from the first generated position)
+    tokens = torch.tensor([[1, 2] + [M] * 8])
+    logits = conf((0.9, 1), (0.9, 2), *[(0.99 if i % 2 else 0.2, 3) for i in range(8)])
+    rule = M2T.get("dus")()
+    assert selected(rule(make_context(tokens, logits, mask_token_id=M, prompt_len=2))) == [2, 6]
+    assert selected(rule(make_context(tokens, logits, mask_token_id=M, prompt_len=2, block_step=1))) == [2, 4, 6, 8]
+    # group 0 already written: at step 0 the fallback is the best mask of the lowest group left
+    tokens = torch.tensor([[1, 2, 5, M, M, M, 5, M, M, M]])
+    assert selected(rule(make_context(tokens, logits, mask_token_id=M, prompt_len=2))) == [4]
+
+
+def test_dus_fills_a_block_in_log2_forwards_on_a_real_decode():
+    model = ScriptedLM(mixing_logits(VOCAB, seed=3), VOCAB, MASK, EOS)
+    policy = {"m2t": {"name": "dus"}, "t2t": {"name": "none"},
+              "blocks": {"name": "semi_ar", "params": {"block_length": 16, "max_post_steps": 0, "eos_early_stop": False}}}
+    res = decode(model, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]], policy, gen_length=64)
+    assert res.rows[0].nfe == 4 * 4  # 4 blocks of 16, log2(16) = 4 forwards each
+    thr = decode(model, [list(range(1, 17))], {**policy, "m2t": {"name": "topk", "params": {"steps_per_block": 16}}}, 64)
+    assert thr.rows[0].nfe == 64
+
+
+def test_pc_sampler_prefers_informative_early_tokens():
+    # four masks: token 1 is predicted at three of them (trivial for this canvas), token 4 once
+    tokens = torch.full((1, 4), M)
+    logits = conf((0.7, 1), (0.8, 1), (0.6, 4), (0.75, 1))
+    ctx = make_context(tokens, logits, mask_token_id=M)
+    p_bg = ctx.probs[0].double().mean(0)  # the background: mean prediction over the window
+    assert p_bg[1] > 0.5 > p_bg[4]
+    one = M2T.get("pc_sampler")(steps_per_block=4, lam=0.0)  # quota 1, no position decay
+    assert selected(one(ctx)) == [2]  # plain confidence would take position 1
+    assert selected(M2T.get("topk")(steps_per_block=4)(ctx)) == [1]
+    # a strong position decay brings back left to right
+    assert selected(M2T.get("pc_sampler")(steps_per_block=4, lam=5.0)(ctx)) == [0]
+    # the score itself, by hand: w * -p * log(p_bg)
+    lam = 0.25
+    want = [math.exp(-lam * i) * -p * math.log(p_bg[t].item()) for i, (p, t) in enumerate([(0.7, 1), (0.8, 1), (0.6, 4), (0.75, 1)])]
+    from strategies.m2t_pc_sampler import pc_score
+
+    assert pc_score(ctx, lam, 1e-3)[0].tolist() == pytest.approx(want, rel=1e-4)
+    # offsets count from the block's first generated position, not from the canvas start (where
+    # exp(-lambda * 4000) would underflow every score to 0)
+    ctx.positions = ctx.positions + 4000
+    assert pc_score(ctx, lam, 1e-3)[0].tolist() == pytest.approx(want, rel=1e-4)
+    # epsilon floors the background: with every p_bg under 0.9 floored, the score is confidence times a constant
+    assert selected(M2T.get("pc_sampler")(steps_per_block=4, lam=0.0, epsilon=0.9)(ctx)) == [1]
+
+
+def test_pc_sampler_background_skips_left_padding():
+    # two padding positions (valid False) predict token 4 confidently: they are not part of the canvas
+    tokens = torch.full((1, 6), M)
+    logits = conf((0.99, 4), (0.99, 4), (0.7, 1), (0.8, 1), (0.6, 4), (0.75, 1))
+    valid = torch.tensor([[False, False, True, True, True, True]])
+    ctx = make_context(tokens, logits, mask_token_id=M, valid=valid, in_block=valid)
+    assert selected(M2T.get("pc_sampler")(steps_per_block=4, lam=0.0)(ctx)) == [4]  # as without padding
+
+
+def remask_ctx(commit: list[int], written_conf: list[float], written_step: list[int], step: int = 5):
+    # pos0 prompt; pos1..4 written with p(own token) now 0.2, 0.45, 0.3, 0.95; pos5..8 masked
+    tokens = torch.tensor([[1, 2, 3, 4, 5, M, M, M, M]])
+    logits = conf((0.9, 1), (0.2, 2), (0.45, 3), (0.3, 4), (0.95, 5), (0.9, 1), (0.9, 1), (0.9, 1), (0.9, 1))
+    ctx = make_context(tokens, logits, mask_token_id=M, prompt_len=1, step=step,
+                       written_conf=torch.tensor([[0.0] + written_conf + [0.0] * 4]),
+                       written_step=torch.tensor([[-1] + written_step + [-1] * 4]))
+    ctx.commit = torch.zeros_like(ctx.masked)
+    ctx.commit[0, commit] = True
+    ctx.edit = torch.zeros_like(ctx.masked)
+    return ctx
+
+
+def test_t2m_remasks_tokens_whose_support_collapsed():
+    rule = REMASK.get("t2m")(drop=0.5, floor=0.5, min_age=1)
+    # written with 0.9, 0.5, 0.95, 0.99; now 0.2, 0.45, 0.3, 0.95: ratios 0.22, 0.9, 0.32, 0.96
+    ctx = remask_ctx([5, 6, 7, 8], [0.9, 0.5, 0.95, 0.99], [1, 1, 1, 1])
+    assert selected(rule(ctx)) == [1, 3]  # pos 2 fell little (0.45 of 0.5); pos 4 is still supported
+    assert selected(rule(remask_ctx([5, 6], [0.9, 0.5, 0.95, 0.99], [1, 1, 1, 1]))) == [1]  # budget 1: largest collapse
+    assert selected(rule(remask_ctx([5], [0.9, 0.5, 0.95, 0.99], [1, 1, 1, 1]))) == []  # one commit: no budget
+    # written in the step before (age 1) is judged; min_age 2 spares it
+    young = remask_ctx([5, 6, 7, 8], [0.9, 0.5, 0.95, 0.99], [4, 1, 1, 1])
+    assert selected(REMASK.get("t2m")(min_age=2)(young)) == [3]
+    # floor: a token still above it is kept, however far it fell (pos 2: 0.45 of 0.99)
+    fell = remask_ctx([5, 6, 7, 8], [0.9, 0.99, 0.95, 0.99], [1, 1, 1, 1])
+    assert selected(REMASK.get("t2m")(drop=0.9, floor=0.4)(fell)) == [1, 3]
+    assert selected(REMASK.get("t2m")(drop=0.9, floor=0.5)(fell)) == [1, 2, 3]
+    # ranked by the fall, not by the probability now: pos 1 is lowest (0.2) but was written with 0.25
+    low_start = remask_ctx([5, 6], [0.25, 0.99, 0.95, 0.99], [1, 1, 1, 1])
+    assert selected(REMASK.get("t2m")(drop=0.9, floor=0.5)(low_start)) == [3]  # ratios 0.8, 0.45, 0.32
+    # the plain low-confidence remask ignores the history: it would take pos 2 too
+    assert selected(REMASK.get("low_confidence")(threshold=0.5)(ctx)) == [1, 2, 3]
+
+
+def test_wino_drafts_wide_and_verifies_narrow():
+    tokens = torch.tensor([[1, 2, 3, M, M, M, M]])
+    logits = conf((0.9, 1), (0.85, 2), (0.5, 3), (0.65, 4), (0.62, 5), (0.3, 6), (0.95, 7))
+    ctx = make_context(tokens, logits, mask_token_id=M, prompt_len=1)
+    commit = M2T.get("wino")()(ctx)  # tau_1 = 0.6: wide-in drafts three masks
+    assert selected(commit) == [3, 4, 6]
+    assert selected(M2T.get("threshold")()(ctx)) == [6]  # the default 0.9 commit drafts one
+    ctx.commit, ctx.edit = commit, torch.zeros_like(commit)
+    # tau_2 = 0.9: both earlier drafts (0.85, 0.5) fail verification; budget 3 - 1 = 2
+    assert selected(REMASK.get("wino")()(ctx)) == [1, 2]
+    assert selected(REMASK.get("wino")(threshold=0.6)(ctx)) == [2]
+
+
+# -- a plain-loop reference decoder ----------------------------------------------------------------
+# One prompt, semi-AR blocks aligned at 0, no post steps, no EOS stop, greedy: every forward sees the
+# canvas up to the active block's end under block-causal attention. Rules are plain-Python functions
+# of (view, masks) over float64 probabilities; they return positions.
+
+
+class View:
+    """What one forward of the reference gives a rule (absolute positions, float64)."""
+
+    def __init__(self, probs: torch.Tensor, canvas: list[int], lo: int, hi: int, prompt_len: int, step: int,
+                 block_step: int, masks_at_start: int, written_step: dict[int, int], written_conf: dict[int, float]):
+        self.probs, self.canvas, self.lo, self.hi, self.prompt_len = probs, canvas, lo, hi, prompt_len
+        self.step, self.block_step, self.masks_at_start = step, block_step, masks_at_start
+        self.written_step, self.written_conf = written_step, written_conf
+        self.sampled, self.conf = {}, {}
+        for i in range(lo, hi):
+            row = probs[i].clone()
+            row[MASK] = -1.0
+            self.sampled[i] = int(row.argmax())
+            self.conf[i] = float(probs[i, self.sampled[i]])
+
+    def masks(self) -> list[int]:
+        return [i for i in range(max(self.lo, self.prompt_len), self.hi) if self.canvas[i] == MASK]
+
+    def written(self) -> list[int]:
+        return [i for i in range(max(self.lo, self.prompt_len), self.hi) if self.canvas[i] != MASK]
+
+    def p_now(self, i: int) -> float:
+        return float(self.probs[i, self.canvas[i]])
+
+
+def reference_decode(fn, prompt: list[int], gen_length: int, block: int,
+                     commit: Callable[[View], list[int]], remask: Callable[[View, list[int]], list[int]] | None = None):
+    n_blocks = -(-(len(prompt) + gen_length) // block)
+    canvas = list(prompt) + [MASK] * (n_blocks * block - len(prompt))
+    written_step: dict[int, int] = {}
+    written_conf: dict[int, float] = {}
+    nfe = remasks = 0
+    for b in range(len(prompt) // block, n_blocks):
+        lo, hi = b * block, (b + 1) * block
+        start = sum(1 for i in range(max(lo, len(prompt)), hi) if canvas[i] == MASK)
+        block_step = 0
+        while any(canvas[i] == MASK for i in range(max(lo, len(prompt)), hi)):
+            ids = torch.tensor([canvas[:hi]])
+            pos = torch.arange(hi)
+            attn = (pos[None, :] // block <= pos[:, None] // block)[None]
+            probs = torch.softmax(fn(ids, pos[None], attn)[0].double(), -1)
+            view = View(probs, canvas, lo, hi, len(prompt), nfe, block_step, start, written_step, written_conf)
+            chosen = commit(view)
+            assert chosen and all(canvas[i] == MASK for i in chosen)
+            gone = remask(view, chosen) if remask else []
+            for i in chosen:
+                canvas[i] = view.sampled[i]
+                written_step[i], written_conf[i] = nfe, view.conf[i]
+            remasks += len(gone)
+            for i in gone:
+                canvas[i] = MASK
+                written_step.pop(i), written_conf.pop(i)
+            nfe += 1
+            block_step += 1
+    return canvas, nfe, remasks
+
+
+def best(view: View, candidates: list[int], key) -> list[int]:
+    """The candidate with the largest key (the lowest position on ties)."""
+    return [max(candidates, key=lambda i: (key(i), -i))]
+
+
+def ref_threshold(tau: float):
+    def commit(view: View) -> list[int]:
+        masks = view.masks()
+        return [i for i in masks if view.conf[i] > tau] or best(view, masks, view.conf.get)
+    return commit
+
+
+def ref_low_confidence(tau: float):
+    def remask(view: View, chosen: list[int]) -> list[int]:
+        weak = sorted((view.p_now(i), i) for i in view.written() if view.p_now(i) < tau)
+        return [i for _, i in weak[: max(len(chosen) - 1, 0)]]
+    return remask
+
+
+def ref_dus(base: int):
+    def group(offset: int, n: int) -> int:
+        k = 0
+        while base**k < n:
+            k += 1
+        if offset == 0:
+            return 0
+        v = 0
+        while offset % base == 0:
+            offset //= base
+            v += 1
+        return max(0, k - 1 - v)
+
+    def commit(view: View) -> list[int]:
+        first = max(view.lo, view.prompt_len)
+        n = view.hi - first
+        masks = view.masks()
+        due = [i for i in masks if group(i - first, n) <= view.block_step]
+        return due or best(view, masks, lambda i: view.conf[i] - 2 * group(i - first, n))
+    return commit
+
+
+def ref_quota(view: View, steps: int) -> int:
+    m, s = view.masks_at_start, min(view.block_step + 1, steps)
+    target = s * (m // steps) + min(s, m % steps)
+    left = len(view.masks())
+    return min(max(target - (m - left), 1), left)
+
+
+def ref_pc(lam: float, eps: float, steps: int):
+    def commit(view: View) -> list[int]:
+        first = max(view.lo, view.prompt_len)
+        p_bg = view.probs[view.lo: view.hi].mean(0)
+        score = {i: math.exp(-lam * (i - first)) * -view.conf[i] * math.log(max(float(p_bg[view.sampled[i]]), eps))
+                 for i in view.masks()}
+        ranked = sorted(score, key=lambda i: (-score[i], i))
+        return sorted(ranked[: ref_quota(view, steps)])
+    return commit
+
+
+def ref_t2m(drop: float, floor: float, min_age: int):
+    def remask(view: View, chosen: list[int]) -> list[int]:
+        hits = []
+        for i in view.written():
+            if i not in view.written_step:
+                continue
+            now, then = view.p_now(i), view.written_conf[i]
+            if view.step - view.written_step[i] >= min_age and now < drop * then and now < floor:
+                hits.append((now / then, i))
+        return [i for _, i in sorted(hits)[: max(len(chosen) - 1, 0)]]
+    return remask
+
+
+CASES = {
+    "wino": ({"m2t": {"name": "wino"}, "remask": {"name": "wino"}}, ref_threshold(0.6), ref_low_confidence(0.9)),
+    "wino_tuned": ({"m2t": {"name": "wino", "params": {"threshold": 0.4}}, "remask": {"name": "wino", "params": {"threshold": 0.7}}},
+                   ref_threshold(0.4), ref_low_confidence(0.7)),
+    "dus": ({"m2t": {"name": "dus"}}, ref_dus(2), None),
+    "dus_base3": ({"m2t": {"name": "dus", "params": {"base": 3}}}, ref_dus(3), None),
+    "pc_sampler": ({"m2t": {"name": "pc_sampler", "params": {"steps_per_block": 3}}}, ref_pc(0.25, 1e-3, 3), None),
+    "pc_sampler_flat": ({"m2t": {"name": "pc_sampler", "params": {"steps_per_block": 4, "lam": 0.0, "epsilon": 0.05}}},
+                        ref_pc(0.0, 0.05, 4), None),
+    "t2m": ({"m2t": {"name": "threshold", "params": {"threshold": 0.3}}, "remask": {"name": "t2m", "params": {"drop": 0.9, "floor": 0.6}}},
+            ref_threshold(0.3), ref_t2m(0.9, 0.6, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_decode_matches_the_plain_loop_reference(name):
+    roles, commit, remask = CASES[name]
+    block = 8
+    policy = {"t2t": {"name": "none"}, "remask": {"name": "none"}, **roles,
+              "blocks": {"name": "semi_ar", "params": {"block_length": block, "max_post_steps": 0, "eos_early_stop": False}}}
+    extra = remasked = 0
+    for seed in range(4):
+        rng = random.Random(seed)
+        fn = mixing_logits(VOCAB, seed=seed, scale=0.5, mix=4.0)  # written tokens sway their neighbours
+        prompt = [rng.randrange(0, EOS) for _ in range(rng.randint(1, 11))]
+        gen = rng.randint(6, 20)
+        canvas, nfe, n_remasks = reference_decode(fn, prompt, gen, block, commit, remask)
+        res = decode(ScriptedLM(fn, VOCAB, MASK, EOS), [prompt], policy, gen, seed=seed)
+        assert res.canvas[0].tolist() == canvas, f"{name} seed {seed}: tokens differ from the reference loop"
+        assert res.rows[0].nfe == nfe, f"{name} seed {seed}: NFE {res.rows[0].nfe}, reference {nfe}"
+        extra += nfe - (-(-(len(prompt) + gen) // block) - len(prompt) // block)  # forwards beyond one per block
+        remasked += n_remasks
+    assert extra > 0  # several forwards per block: the commit rule decides something
+    assert remasked > 0 or "remask" not in roles  # and the remask rule does remask
