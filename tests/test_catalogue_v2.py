@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -333,3 +334,43 @@ def test_decode_matches_the_plain_loop_reference(name):
         remasked += n_remasks
     assert extra > 0  # several forwards per block: the commit rule decides something
     assert remasked > 0 or "remask" not in roles  # and the remask rule does remask
+
+
+# -- the catalogue sweep ---------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def catalogue_yaml() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "experiments" / "catalogue.yaml").read_text())
+
+
+def test_catalogue_sweep_offers_every_builtin_rule():
+    from dlm_toolkit.registry import REGISTRIES
+
+    space = catalogue_yaml()["search_space"]
+    for role in ("m2t", "t2t", "remask"):
+        builtin = {e.name for e in REGISTRIES[role].entries() if e.source == "built-in"}
+        offered = set(space[f"{role}.name"]["categorical"])
+        assert builtin == offered, f"experiments/catalogue.yaml {role}.name: missing {sorted(builtin - offered)}"
+
+
+def test_catalogue_sweep_runs(tmp_path):
+    import sweep_helpers as h
+    from optuna import load_study
+    from optuna.trial import TrialState
+
+    from dlm_toolkit.sweep.experiment import load_experiment
+    from dlm_toolkit.sweep.study import run_sweep
+
+    data = {**catalogue_yaml(), "n": 4, "batch_size": 4, "sampler": {"name": "random", "seed": 3},
+            "presets_to_enqueue": [], "model": str(REPO / "checkpoints" / "testbed-v2-editable")}
+    exp = load_experiment(data, base_dir=REPO / "experiments")  # the file's ranges lie inside every rule's
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    result = run_sweep(exp, 4, storage=storage, tracking_uri=h.tracking_uri(tmp_path), progress=False,
+                       heartbeat_interval=2, threads=1)
+    trials = load_study(study_name="catalogue", storage=storage).get_trials()
+    assert result.complete and [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert len({t.params["m2t.name"] for t in trials}) > 1  # the roles' rules are searched
