@@ -4,8 +4,10 @@ small random model (the contract suites run them in tests/test_contracts.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -374,3 +376,66 @@ def test_catalogue_sweep_runs(tmp_path):
     trials = load_study(study_name="catalogue", storage=storage).get_trials()
     assert result.complete and [t.state for t in trials] == [TrialState.COMPLETE] * 4
     assert len({t.params["m2t.name"] for t in trials}) > 1  # the roles' rules are searched
+
+
+# -- the comparison table --------------------------------------------------------------------------
+
+
+def load_catalogue_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("catalogue_script", REPO / "experiments" / "catalogue.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve annotations through the module
+    spec.loader.exec_module(module)
+    return module
+
+
+def records(scores: list[int], tokens: int, nfe: int) -> list[dict]:
+    return [{"score": s, "tokens": tokens, "nfe": nfe} for s in scores]
+
+
+def test_claim_verdicts():
+    from dlm_toolkit.stats import compare_outcomes
+
+    cat = load_catalogue_script()
+    base = records([0] * 15 + [1] * 5, tokens=10, nfe=5)
+    better = records([1] * 20, tokens=10, nfe=5)  # 15 more right (McNemar p ~ 6e-5), same speed
+    faster = records([0] * 15 + [1] * 5, tokens=10, nfe=2)
+    worse_faster = records([0] * 20, tokens=10, nfe=2)
+    slower_better = records([1] * 20, tokens=10, nfe=10)
+    same = records([0] * 15 + [1] * 5, tokens=10, nfe=5)
+    cases = [(better, "better", "holds"), (faster, "faster", "holds"), (same, "better", "inconclusive"),
+             (same, "faster", "inconclusive"), (worse_faster, "faster", "holds"),  # 5 lost: p = 0.06, not significant
+             (slower_better, "better", "inconclusive"), (faster, "better", "inconclusive"),
+             (records([0] * 20, tokens=10, nfe=5), "better", "inconclusive")]
+    for b, direction, want in cases:
+        assert cat.verdict(compare_outcomes(base, b, n_boot=300), direction) == want, (direction, want)
+    lost = records([1] * 20, tokens=10, nfe=5)
+    assert cat.verdict(compare_outcomes(lost, records([0] * 20, tokens=10, nfe=2), n_boot=300), "faster") == "fails"
+    assert cat.verdict(compare_outcomes(lost, records([0] * 20, tokens=10, nfe=5), n_boot=300), "better") == "fails"
+
+
+def test_catalogue_table_at_small_size(tmp_path, capsys):
+    cat = load_catalogue_script()
+    policies = ["Q", "S", "DUS", "top-k, 5 steps", "WINO"]
+    assert cat.main([str(REPO / "checkpoints" / "testbed-v2-editable"), "--n", "6", "--tasks", "pick", "--policies",
+                     *policies, "--n-boot", "200", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "catalogue.json").read_text())
+    rows = {r["policy"]: r for r in result["tasks"]["pick"]["rows"]}
+    assert list(rows) == policies
+    for r in rows.values():
+        assert f"| {r['policy']} | {r['accuracy']:.3f}" in printed
+        k = round(r["accuracy"] * 6)  # the Wilson interval by its formula
+        z, p = 1.959963984540054, k / 6
+        centre, half = (p + z * z / 12) / (1 + z * z / 6), z / (1 + z * z / 6) * math.sqrt(p * (1 - p) / 6 + z * z / 144)
+        assert r["interval"] == pytest.approx([max(0.0, centre - half), min(1.0, centre + half)], abs=1e-9)
+        for ref in ("Q", "S"):
+            if ref != r["policy"]:
+                assert r["vs"][ref]["accuracy_diff"] == pytest.approx(r["accuracy"] - rows[ref]["accuracy"])
+    assert rows["DUS"]["nfe"] < rows["Q"]["nfe"] and rows["WINO"]["remasks"] > 0
+    claims = {c["strategy"]: c for c in result["tasks"]["pick"]["claims"]}
+    assert set(claims) == {"WINO", "DUS"} and claims["DUS"]["baseline"] == "top-k, 5 steps"
+    assert (tmp_path / "catalogue.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "catalogue.md").read_text() in printed
