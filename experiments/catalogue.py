@@ -38,6 +38,7 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "PC-Sampler, 8 steps": ("llada2.1-q", {"m2t.name": "pc_sampler", "m2t.params.steps_per_block": 8}),
     "top-k, 8 steps": ("llada2.1-q", {"m2t.name": "topk", "m2t.params.steps_per_block": 8}),
     "T2M": ("llada2.1-q", {"remask.name": "t2m"}),
+    "Learned": ("llada2.1-q", {"m2t.name": "learned"}),
 }
 REFERENCES = ("Q", "S")
 
@@ -58,6 +59,7 @@ CLAIMS = (
     Claim("DUS", "top-k, 5 steps", "better", "DUS (2506.19037): beats confidence planners at the same forwards (log2 32 = 5)"),
     Claim("PC-Sampler, 8 steps", "top-k, 8 steps", "better", "PC-Sampler (2508.13021): beats confidence ranking at equal steps"),
     Claim("T2M", "Q", "better", "T2M (2604.18738): up to +5.92 on CMATH over LLaDA2.1"),
+    Claim("Learned", "Q", "faster", "learned policy (2512.09106): fewer forwards than confidence heuristics at matched accuracy"),
 )
 
 

@@ -12,6 +12,7 @@ from strategies import (  # noqa: F401  (imported to register)
     m2t_factor,
     m2t_hierarchy,
     m2t_klass,
+    m2t_learned,
     m2t_margin,
     m2t_pc_sampler,
     m2t_threshold,

@@ -439,3 +439,105 @@ def test_catalogue_table_at_small_size(tmp_path, capsys):
     assert set(claims) == {"WINO", "DUS"} and claims["DUS"]["baseline"] == "top-k, 5 steps"
     assert (tmp_path / "catalogue.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "catalogue.md").read_text() in printed
+
+
+# -- learned policy --------------------------------------------------------------------------------
+
+
+def write_net(folder: Path, net: dict, config: dict | None = None, name: str = "net") -> Path:
+    from safetensors.torch import save_file
+
+    from strategies.m2t_learned import FEATURES
+
+    path = folder / f"{name}.safetensors"
+    save_file({k: torch.tensor(v, dtype=torch.float32) for k, v in net.items()}, str(path))
+    hidden = len(net["b1"])
+    config = config if config is not None else {"format": "dlm-learned-policy", "version": 1, "features": list(FEATURES), "hidden": hidden}
+    path.with_suffix(".json").write_text(json.dumps(config))
+    return path
+
+
+def confidence_net(cut: float) -> dict:
+    """score = relu(confidence) - cut: commit iff confidence > cut, the threshold rule."""
+    return {"w1": [[1.0, 0.0, 0.0, 0.0, 0.0, 0.0]], "b1": [0.0], "w2": [[1.0]], "b2": [-cut]}
+
+
+def test_learned_features_by_hand():
+    from strategies.m2t_learned import features
+
+    # prompt 1 position, block of 5 generated positions, 2 of them written; block step 3
+    tokens = torch.tensor([[1, M, 4, M, 5, M]])
+    logits = conf((0.9, 1), (0.7, 2), (0.9, 4), (0.5, 3), (0.9, 5), (0.96, 6))
+    ctx = make_context(tokens, logits, mask_token_id=M, prompt_len=1, block_step=3)
+    f = features(ctx)[0]
+    p = ctx.probs[0].double()
+    for i in (1, 3, 5):
+        top = p[i].sort(descending=True).values
+        want = [p[i].max().item(), (top[0] - top[1]).item(), -(p[i][p[i] > 0] * p[i][p[i] > 0].log()).sum().item(),
+                (i - 1) / 5, 3 / 5, 3 / 5]
+        assert f[i].tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_learned_rule_with_a_confidence_network_is_the_threshold_rule(tmp_path):
+    from dlm_toolkit.testing.contracts import build_context, random_case
+
+    path = write_net(tmp_path, confidence_net(0.8))
+    learned, threshold = M2T.get("learned")(path=str(path)), M2T.get("threshold")(threshold=0.8)
+    for seed in range(30):
+        ctx = build_context(random_case(seed), seed=seed)
+        assert torch.equal(learned(ctx), threshold(ctx)), seed
+    # the threshold applies to sigmoid(score): t moves the cut to confidence > 0.8 + logit(t)
+    ctx = make_context(torch.full((1, 3), M), conf((0.9, 1), (0.85, 2), (0.6, 3)), mask_token_id=M)
+    assert selected(M2T.get("learned")(path=str(path), threshold=0.5)(ctx)) == [0, 1]
+    assert 0.85 - 0.8 < math.log(0.52 / 0.48) < 0.9 - 0.8 and selected(M2T.get("learned")(path=str(path), threshold=0.52)(ctx)) == [0]
+
+
+def test_learned_rule_refuses_bad_files(tmp_path):
+    from dlm_toolkit.config import ConfigError
+    from strategies.m2t_learned import FEATURES
+
+    rule = M2T.get("learned")
+    good = confidence_net(0.5)
+    bad = {
+        "missing": tmp_path / "nope.safetensors",
+        "pickle": tmp_path / "pickled.safetensors",
+        "torch.save": tmp_path / "saved.safetensors",
+        "wrong shape": write_net(tmp_path, {**good, "w1": [[1.0, 0.0, 0.0]]}, name="shape"),
+        "wrong features": write_net(tmp_path, good, {"format": "dlm-learned-policy", "version": 1,
+                                                     "features": list(FEATURES)[::-1], "hidden": 1}, name="features"),
+        "no config": write_net(tmp_path, good, name="noconfig"),
+        "not safetensors": tmp_path / "text.safetensors",
+    }
+    import pickle
+
+    bad["pickle"].write_bytes(pickle.dumps({"w1": [[1.0]]}))
+    torch.save({"w1": torch.ones(1, 6)}, bad["torch.save"])
+    bad["no config"].with_suffix(".json").unlink()
+    bad["not safetensors"].write_text("hello, world")
+    said = {"missing": "no such file", "pickle": "pickle", "torch.save": "pickle", "wrong shape": "expected",
+            "wrong features": "features", "no config": "JSON config", "not safetensors": "not a safetensors file"}
+    for what, path in bad.items():
+        with pytest.raises(ConfigError) as err:
+            rule(path=str(path))
+        message = str(err.value)
+        assert "m2t 'learned'" in message and said[what] in message and "\n" not in message.strip(), (what, message)
+
+
+def test_learned_recipe_fits_and_the_rule_decodes(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learned_recipe", REPO / "experiments" / "train" / "learned_policy.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    out = tmp_path / "pick.safetensors"
+    ckpt = str(REPO / "checkpoints" / "testbed-v2-editable")
+    assert recipe.main([ckpt, "--task", "pick", "--n", "8", "--steps", "30", "--out", str(out)]) == 0
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["examples"] > meta["positives"] > 0 and meta["hidden"] == 16
+    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.policy_config import load_policy
+
+    model, tok = load_checkpoint(ckpt)
+    res = evaluate(model, tok, "pick", load_policy("llada2.1-q", {"m2t.name": "learned", "m2t.params.path": str(out)}), 4,
+                   progress=False, threads=1)
+    assert res.metrics["n"] == 4 and res.metrics["nfe_mean"] >= 1

@@ -80,6 +80,11 @@ class TestPCSampler(UnmaskRuleContract):
     configs = [{"steps_per_block": 4}, {"steps_per_block": 2, "lam": 0.0, "epsilon": 0.5, "schedule": "cosine"}]
 
 
+class TestLearned(UnmaskRuleContract):
+    rule_factory = M2T.get("learned")
+    configs = [{}, {"threshold": 0.9}]
+
+
 # -- t2t -------------------------------------------------------------------------------------
 
 
