@@ -408,7 +408,9 @@ def test_claim_verdicts():
     cases = [(better, "better", "holds"), (faster, "faster", "holds"), (same, "better", "inconclusive"),
              (same, "faster", "inconclusive"), (worse_faster, "faster", "holds"),  # 5 lost: p = 0.06, not significant
              (slower_better, "better", "inconclusive"), (faster, "better", "inconclusive"),
-             (records([0] * 20, tokens=10, nfe=5), "better", "inconclusive")]
+             (records([0] * 20, tokens=10, nfe=5), "better", "inconclusive"),
+             (records([0] * 13 + [1] * 7, tokens=10, nfe=5), "better", "inconclusive"),  # +2 right: p = 0.5
+             (records([1] * 20, tokens=10, nfe=5.25), "better", "holds")]  # 5 % slower is still "equal speed"
     for b, direction, want in cases:
         assert cat.verdict(compare_outcomes(base, b, n_boot=300), direction) == want, (direction, want)
     lost = records([1] * 20, tokens=10, nfe=5)
@@ -432,6 +434,7 @@ def test_catalogue_table_at_small_size(tmp_path, capsys):
         centre, half = (p + z * z / 12) / (1 + z * z / 6), z / (1 + z * z / 6) * math.sqrt(p * (1 - p) / 6 + z * z / 144)
         assert r["interval"] == pytest.approx([max(0.0, centre - half), min(1.0, centre + half)], abs=1e-9)
         for ref in ("Q", "S"):
+            assert set(r["vs"]) == {"Q", "S"} - {r["policy"]}
             if ref != r["policy"]:
                 assert r["vs"][ref]["accuracy_diff"] == pytest.approx(r["accuracy"] - rows[ref]["accuracy"])
     assert rows["DUS"]["nfe"] < rows["Q"]["nfe"] and rows["WINO"]["remasks"] > 0
@@ -492,6 +495,19 @@ def test_learned_rule_with_a_confidence_network_is_the_threshold_rule(tmp_path):
     assert 0.85 - 0.8 < math.log(0.52 / 0.48) < 0.9 - 0.8 and selected(M2T.get("learned")(path=str(path), threshold=0.52)(ctx)) == [0]
 
 
+def test_learned_score_is_the_mlp():
+    from strategies.m2t_learned import score
+
+    gen = torch.Generator().manual_seed(0)
+    net = {"w1": torch.randn(3, 6, generator=gen), "b1": torch.randn(3, generator=gen),
+           "w2": torch.randn(1, 3, generator=gen), "b2": torch.randn(1, generator=gen)}
+    x = torch.randn(5, 6, generator=gen)
+    for row, got in zip(x.tolist(), score(net, x).tolist()):
+        hidden = [max(0.0, sum(w * v for w, v in zip(net["w1"][h].tolist(), row)) + net["b1"][h].item()) for h in range(3)]
+        want = sum(w * v for w, v in zip(net["w2"][0].tolist(), hidden)) + net["b2"].item()
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
 def test_learned_rule_refuses_bad_files(tmp_path):
     from dlm_toolkit.config import ConfigError
     from strategies.m2t_learned import FEATURES
@@ -507,7 +523,10 @@ def test_learned_rule_refuses_bad_files(tmp_path):
                                                      "features": list(FEATURES)[::-1], "hidden": 1}, name="features"),
         "no config": write_net(tmp_path, good, name="noconfig"),
         "not safetensors": tmp_path / "text.safetensors",
+        "too large": tmp_path / "large.safetensors",
     }
+    with bad["too large"].open("wb") as f:
+        f.truncate((8 << 20) + 1)
     import pickle
 
     bad["pickle"].write_bytes(pickle.dumps({"w1": [[1.0]]}))
@@ -515,7 +534,8 @@ def test_learned_rule_refuses_bad_files(tmp_path):
     bad["no config"].with_suffix(".json").unlink()
     bad["not safetensors"].write_text("hello, world")
     said = {"missing": "no such file", "pickle": "pickle", "torch.save": "pickle", "wrong shape": "expected",
-            "wrong features": "features", "no config": "JSON config", "not safetensors": "not a safetensors file"}
+            "wrong features": "features", "no config": "JSON config", "not safetensors": "not a safetensors file",
+            "too large": "more than the"}
     for what, path in bad.items():
         with pytest.raises(ConfigError) as err:
             rule(path=str(path))
