@@ -1,6 +1,7 @@
-"""Catalogue v2 (issue 26): WINO, DUS, PC-Sampler and T2M on hand-worked examples, and each
-decoded end to end against a plain-Python, float64 reimplementation of its paper's loop on a
-small random model (the contract suites run them in tests/test_contracts.py)."""
+"""Catalogue v2 (issue 26): WINO, DUS, PC-Sampler, T2M and the learned commit rule on hand-worked
+examples, each decoded end to end against a plain-Python, float64 reimplementation of its paper's loop
+on a small random model, the catalogue sweep, and the comparison table at small size (the contract
+suites run the rules in tests/test_contracts.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from typing import Callable
 import pytest
 import torch
 
-from dlm_toolkit import Selection
 from dlm_toolkit.decode import decode
 from dlm_toolkit.registry import M2T, REMASK
 from dlm_toolkit.testing import make_context
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 from strategies.m2t_dus import dilated_group
+from test_strategies_catalogue import M, conf, selected  # hand-built logits over a 10-token vocab, mask 9
 
-M = 9  # mask id in a 10-token vocab (test helpers below)
 VOCAB, MASK, EOS = 24, 23, 22  # the random model's vocabulary
 
 
@@ -31,22 +31,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def conf(*pairs: tuple[float, int], vocab: int = 10) -> torch.Tensor:
-    """(1, W, V) logits giving token t probability p, the rest spread evenly over non-mask tokens."""
-    rows = []
-    for p, t in pairs:
-        row = torch.full((vocab,), math.log((1 - p) / (vocab - 2)))
-        row[t] = math.log(p)
-        row[M] = float("-inf")
-        rows.append(row)
-    return torch.stack(rows)[None]
-
-
-def selected(out) -> list[int]:
-    out = out.select if isinstance(out, Selection) else out
-    return out[0].nonzero().flatten().tolist()
 
 
 # -- hand-worked examples ------------------------------------------------------------------------
