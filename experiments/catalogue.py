@@ -149,8 +149,9 @@ def chart(result: dict[str, Any], path: Path) -> None:
         rows = result["tasks"][task]["rows"]
         for r in rows:
             lo, hi = r["interval"]
+            ref = r["policy"] in REFERENCES  # drawn on top: a rule that changes nothing hides under its reference
             ax.errorbar(r["tpf"], r["accuracy"], yerr=[[r["accuracy"] - lo], [hi - r["accuracy"]]], fmt="o", capsize=3,
-                        color="C3" if r["policy"] in REFERENCES else "C0")
+                        color="C3" if ref else "C0", zorder=3 if ref else 2)
         ax.set_title(f"{task} (n = {result['n']})")
         ax.set_xlabel("tokens per forward (TPF)")
         ax.set_ylabel("accuracy")
@@ -171,7 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-boot", type=int, default=2000)
     ap.add_argument("--out", type=Path, help="folder for catalogue.md, catalogue.json and catalogue.png")
+    ap.add_argument("--redraw", action="store_true", help="only redraw --out's table and chart from its catalogue.json")
     args = ap.parse_args(argv)
+    if args.redraw:
+        if args.out is None or not (args.out / "catalogue.json").is_file():
+            ap.error("--redraw: needs --out holding a catalogue.json")
+        result = json.loads((args.out / "catalogue.json").read_text())
+        (args.out / "catalogue.md").write_text(markdown(result))
+        chart(result, args.out / "catalogue.png")
+        return 0
     if args.n < 1:
         ap.error(f"--n: must be >= 1 (got {args.n})")
     model, tokenizer = load_checkpoint(args.checkpoint)

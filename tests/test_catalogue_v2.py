@@ -426,6 +426,9 @@ def test_catalogue_table_at_small_size(tmp_path, capsys):
     assert set(claims) == {"WINO", "DUS"} and claims["DUS"]["baseline"] == "top-k, 5 steps"
     assert (tmp_path / "catalogue.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "catalogue.md").read_text() in printed
+    (tmp_path / "catalogue.png").unlink()  # --redraw: table and chart again from the JSON alone
+    assert cat.main(["unused", "--out", str(tmp_path), "--redraw"]) == 0
+    assert (tmp_path / "catalogue.png").is_file() and (tmp_path / "catalogue.md").read_text() in printed
 
 
 # -- learned policy --------------------------------------------------------------------------------
