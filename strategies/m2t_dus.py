@@ -1,5 +1,6 @@
-"""M2T ``dus``: the Dilated Unmasking Scheduler, a fixed coarse-to-fine order of positions that
-fills a block in about log_base(B) forwards.
+"""M2T ``dus``: the Dilated Unmasking Scheduler, a block in log_base(B) forwards, coarse to fine.
+
+A fixed order of positions, not a confidence ranking.
 
 Paper: "Plan for Speed: Dilated Scheduling for Masked Diffusion Language Models" (Luxembourg,
 Permuter, Nachmani; arXiv 2506.19037), the DUS planner: positions of a block are split into

@@ -1,5 +1,6 @@
-"""Remask ``t2m``: token-to-mask, driven by each token's own history: re-mask a written token
-whose support collapsed since it was written.
+"""Remask ``t2m``: token-to-mask, re-mask a written token whose support collapsed since it was written.
+
+Driven by each token's own history.
 
 Paper: T2M remasking (arXiv 2604.18738; training-free, reported up to +5.92 on CMATH with
 LLaDA2.1). A written token x_i of the active block carries the confidence it was written with,
