@@ -65,6 +65,26 @@ class TestAncestral(UnmaskRuleContract):
     uses_randomness = True
 
 
+class TestWinoWideIn(UnmaskRuleContract):
+    rule_factory = M2T.get("wino")
+    configs = [{}, {"threshold": 0.3}]
+
+
+class TestDUS(UnmaskRuleContract):
+    rule_factory = M2T.get("dus")
+    configs = [{}, {"base": 3}]
+
+
+class TestPCSampler(UnmaskRuleContract):
+    rule_factory = M2T.get("pc_sampler")
+    configs = [{"steps_per_block": 4}, {"steps_per_block": 2, "lam": 0.0, "epsilon": 0.5, "schedule": "cosine"}]
+
+
+class TestLearned(UnmaskRuleContract):
+    rule_factory = M2T.get("learned")
+    configs = [{}, {"threshold": 0.9}]
+
+
 # -- t2t -------------------------------------------------------------------------------------
 
 
@@ -98,6 +118,16 @@ class TestReMDM(RemaskRuleContract):
     rule_factory = REMASK.get("remdm")
     configs = [{"eta": 0.5}, {"schedule": "rescale", "eta": 1.0}, {"schedule": "conf"}]
     uses_randomness = True
+
+
+class TestWinoNarrowOut(RemaskRuleContract):
+    rule_factory = REMASK.get("wino")
+    configs = [{}, {"threshold": 0.5}]
+
+
+class TestT2MRemask(RemaskRuleContract):
+    rule_factory = REMASK.get("t2m")
+    configs = [{}, {"drop": 1.0, "floor": 1.0, "min_age": 0}]
 
 
 # -- blocks ----------------------------------------------------------------------------------
