@@ -30,6 +30,7 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import Field, field_validator
@@ -132,6 +133,12 @@ def score(net: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return (hidden @ net["w2"].T + net["b2"]).squeeze(-1)
 
 
+# Constant data of the rules (never per-decode state): the network each config path was last read
+# as, by device. Module level, since a rule holds its config and nothing else.
+_CPU = torch.device("cpu")
+_NETWORKS: dict[tuple[str, torch.device], dict[str, torch.Tensor]] = {}
+
+
 @M2T.register("learned")
 class LearnedUnmask(UnmaskRule):
     class Config(StrategyConfig):
@@ -147,7 +154,20 @@ class LearnedUnmask(UnmaskRule):
                 raise ValueError(f"m2t 'learned': {err}") from None
             return path
 
+        def model_post_init(self, context: Any) -> None:
+            # Read when the rule is built, not in a step: a step that opened and stat'ed the file
+            # could not be captured (compiled or graphed). A rule built later re-reads the file.
+            network = load_network(self.path)
+            if _NETWORKS.get((self.path, _CPU)) is not network:
+                for key in [k for k in _NETWORKS if k[0] == self.path]:
+                    del _NETWORKS[key]
+                _NETWORKS[(self.path, _CPU)] = network
+
     def __call__(self, ctx: StepContext) -> torch.Tensor:
-        logit = score(load_network(self.config.path, ctx.device), features(ctx))
+        net = _NETWORKS.get((self.config.path, ctx.device))
+        if net is None:  # first step on this device
+            net = {k: v.to(ctx.device) for k, v in _NETWORKS[(self.config.path, _CPU)].items()}
+            _NETWORKS[(self.config.path, ctx.device)] = net
+        logit = score(net, features(ctx))
         cut = math.log(self.config.threshold / (1 - self.config.threshold))  # sigmoid(s) > t  <=>  s > logit(t)
         return at_least_one(ctx.fillable & (logit > cut), logit, ctx.fillable)
