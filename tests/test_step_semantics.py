@@ -277,9 +277,6 @@ class _NeverEnds(BLOCKS.get("semi_ar")):
         pass
 
 
-BLOCKS.register("_semantics_never_ends")(_NeverEnds)
-
-
 class _RemaskEverything(RemaskRule):
     """Remasks every remaskable position: as many as were committed, so no net progress."""
 
@@ -287,7 +284,11 @@ class _RemaskEverything(RemaskRule):
         return remaskable(ctx)
 
 
-REMASK.register("_semantics_remask_everything")(_RemaskEverything)
+def _register(registry, name: str, cls: type) -> None:
+    """Register a test rule when its test runs, not at import: lists of registered rules that other
+    test files build while pytest collects must not see it."""
+    if name not in registry.names():
+        registry.register(name)(cls)
 
 
 def _bounded_model(limit: int) -> ScriptedLM:
@@ -308,6 +309,7 @@ def _bounded_model(limit: int) -> ScriptedLM:
 
 @pytest.mark.parametrize("post", [0, 3])
 def test_a_block_that_never_ends_hits_the_per_block_forward_limit(post):
+    _register(BLOCKS, "_semantics_never_ends", _NeverEnds)
     pol = _policy({"name": "threshold", "params": {"threshold": 0.01}},
                   {"name": "_semantics_never_ends", "params": {"block_length": 4, "max_post_steps": post}})
     limit = pol.blocks.max_forwards_per_block()
@@ -324,6 +326,7 @@ def test_a_remask_rule_without_net_progress_is_refused():
     """Committing one position per step and remasking the one committed before leaves the block's
     mask count unchanged: the net-progress check names the rule (not the forward limit, which
     such a decode would hit later)."""
+    _register(REMASK, "_semantics_remask_everything", _RemaskEverything)
     pol = _policy({"name": "threshold", "params": {"threshold": 1.0}},  # the top-1 fallback only
                   {"params": {"block_length": 4, "max_post_steps": 0}},
                   remask={"name": "_semantics_remask_everything"})
