@@ -108,7 +108,7 @@ def _policies() -> list[tuple[str, dict[str, Any]]]:
     out = [(f"m2t={name}", base | {"m2t": {"name": name}}) for name in _builtin(M2T)]
     out += [(f"t2t={name}", base | {"m2t": {"name": "threshold"}, "t2t": {"name": name}}) for name in _builtin(T2T)]
     out += [(f"remask={name}", base | {"m2t": {"name": "threshold"}, "t2t": {"name": "threshold"}, "remask": {"name": name}})
-            for name in REMASK.names()]
+            for name in _builtin(REMASK)]
     return out
 
 
