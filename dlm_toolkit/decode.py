@@ -133,7 +133,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     state = DecodeState.start(padded, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size,
                               list(seeds) + [0] * (rows - n), model_device(model), round_width=mode != "eager")
     state.done[n:] = True
-    engine = StepEngine(model, blocks, state, cached, mode)
+    engine = StepEngine(model, blocks, state, cached, mode, trim=mode == "eager" and check_every == 1)
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     trajectory = Trajectory(n_rows=n) if record else None
     checks = StepChecks(policy, blocks.max_forwards_per_block())
@@ -212,8 +212,15 @@ class StepEngine:
     """The forwards of one decode: the host read, the prefill, each step's shapes, attention
     pattern and KV-cache writes, and the runner that executes the model (module docstring)."""
 
-    def __init__(self, model: DiffusionLM, blocks: Any, state: DecodeState, cached: bool, mode: CaptureMode):
+    def __init__(self, model: DiffusionLM, blocks: Any, state: DecodeState, cached: bool, mode: CaptureMode,
+                 trim: bool = False):
         self.model, self.blocks, self.state, self.cached, self.mode = model, blocks, state, cached, mode
+        # Eager decodes that read the host every step have no capture to keep shapes for: each forward
+        # then takes only the live rows, the cache columns some row has filled and (cache off) the
+        # canvas up to the furthest window end: the same logits for every real query, with less work.
+        self.trim = trim
+        self.live_rows: torch.Tensor | None = None  # (trim) the rows live in the next forward
+        self.needed = 0  # (trim) cache columns (cache on) or canvas positions (cache off) the next forward needs
         n, self.length = state.canvas.shape
         self.window_width, self.block_length = blocks.window_width(), blocks.block_length
         self.full = model.attention == "full"
@@ -246,10 +253,15 @@ class StepEngine:
         else:
             bad_cache, span, prefill_to = zero.bool(), zero, zero
         too_wide = (live & (hi - lo > self.window_width)).any()
+        needed = torch.where(live, start if self.cached else hi, 0).max() if self.trim and not self.full else zero
         head = torch.stack([live.any().long(), span, prefill_to, bad_cache.long(), too_wide.long(),
-                            self.overflow.long()])
-        host = torch.cat([head, checks.pending(s.device).long()]).tolist()
-        (any_live, span_n, prefill_n, bad, wide, over), flags = host[:6], host[6:]
+                            self.overflow.long(), needed])
+        rows = live.long() if self.trim else zero[None][:0]
+        host = torch.cat([head, rows, checks.pending(s.device).long()]).tolist()
+        (any_live, span_n, prefill_n, bad, wide, over, needed_n), flags = host[:7], host[7 + len(rows):]
+        if self.trim:
+            self.needed = needed_n
+            self.live_rows = torch.tensor([r for r, x in enumerate(host[7:7 + len(rows)]) if x], device=s.device)
         checks.raise_if_failed(flags)
         if bad:
             raise StrategyError(
@@ -327,6 +339,9 @@ class StepEngine:
             real = live[:, None] & (pos >= 0)
         else:  # the whole canvas; positions from the window's end on are padding
             pos = self.canvas_pos
+            if self.trim:  # up to the furthest window end (all later positions are padding)
+                width = max(1, min(self.length, -(-self.needed // self.block_length) * self.block_length))
+                pos = pos[:, :width]
             real = live[:, None] & (pos < hi[:, None])
         first = pos[:, :1]  # the span's start (may be negative: left padding)
         pos = pos.clamp(0, self.length - 1)
@@ -340,18 +355,36 @@ class StepEngine:
             cache_group = blocks.attention_groups(s, rows, self.canvas_pos)  # (N, S)
             in_cache = self.canvas_pos < s.cache_len[:, None]
             seen = in_cache[:, None, :] & real[:, :, None] & (cache_group[:, None, :] <= group[:, :, None])
+            if self.trim:  # only the columns some live row has filled
+                seen = seen[:, :, :self.needed]
             args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), real & (pos < boundary[:, None]))
             s.cache_len = torch.where(live, boundary, s.cache_len)
         else:
             args = (ids, pos, allowed)
         t0 = perf_counter()
-        logits = run(*args)
+        if self.trim and self.live_rows is not None and len(self.live_rows) < s.batch_size:
+            logits = self.forward_rows(self.live_rows, args)
+        else:
+            logits = run(*args)
         s.model_time += perf_counter() - t0
         s.forward_calls += 1
         s.counts[:, FORWARD_TOKENS] += real.sum(1)
         w = self.window_width
         index = (hi[:, None] - w + torch.arange(w, device=s.device) - first).clamp(0, width - 1)
         return logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
+
+    def forward_rows(self, keep: torch.Tensor, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """(trim) The forward of rows ``keep`` only, as logits of every row (rows left out: zeros;
+        they are not live, so nothing of theirs is read)."""
+        s = self.state
+        part = tuple(a.index_select(0, keep) for a in args)
+        if self.cached:
+            ids, pos, allowed, write = part
+            out = self.model.forward_window(ids, pos, allowed, cache=s.cache, cache_rows=keep, cache_write=write)
+        else:
+            out = self.model.forward_window(*part)
+        logits = out.new_zeros((s.batch_size, *out.shape[1:]))
+        return logits.index_copy_(0, keep, out)
 
     def runner(self, width: int) -> Any:
         """The callable that runs the model forward for this width: the model itself when eager, else
