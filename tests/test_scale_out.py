@@ -278,7 +278,7 @@ def test_a_database_that_crashes_mid_sweep(tmp_path):
     cluster = servers.PostgresCluster(databases=("optuna",))
     try:
         storage = f"{cluster.url}/optuna"
-        f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=16, batch_size=8, n_trials=20))
+        f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=16, batch_size=8, n_trials=10))
         base = ["sweep", str(f), "--storage", storage, "--tracking-uri", h.tracking_uri(tmp_path), "--threads", "1",
                 "--heartbeat", "1", "--no-progress"]
 
@@ -299,9 +299,9 @@ def test_a_database_that_crashes_mid_sweep(tmp_path):
         back = crash_once_trials_finished(reconnect="60", down_s=3)
         assert back.returncode == 0, back.stderr[-2000:]
         assert "stopped answering" in back.stderr
-        assert sum(is_counted(t) for t in load_study(storage, "t").get_trials()) == 20
+        assert sum(is_counted(t) for t in load_study(storage, "t").get_trials()) == 10
 
-        f.write_text(f.read_text().replace("n_trials: 20", "n_trials: 40"))  # same study, a bigger target
+        f.write_text(f.read_text().replace("n_trials: 10", "n_trials: 20"))  # same study, a bigger target
         gone = crash_once_trials_finished(reconnect="4", down_s=8)
         assert gone.returncode == 2 and "connection lost" in gone.stderr and "Traceback" not in gone.stderr, \
             gone.stderr[-2000:]
@@ -309,7 +309,7 @@ def test_a_database_that_crashes_mid_sweep(tmp_path):
         again = h.dlm(*base, "--reconnect", "60", cwd=tmp_path, timeout=300)
         assert again.returncode == 0, again.stderr[-2000:]
         trials = load_study(storage, "t").get_trials()
-        assert sum(is_counted(t) for t in trials) == 40
+        assert sum(is_counted(t) for t in trials) == 20
         lost = [t for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("error")]
         for t in lost:  # the trial in flight at the crash was retried with its parameters
             assert any(t.number in r.system_attrs.get("retry_history", []) for r in trials)
