@@ -25,9 +25,9 @@ class DynamicBlockScheduleContract(BlockScheduleContract):
     - **bounds**: every live row's active block ``[lo, hi)`` lies in ``[prompt_len, length)``, is
       non-empty, at most ``window_width()`` wide, and ``lo`` never moves back;
     - **block-causal**: the attention groups never decrease along the canvas, the active block is
-      one group of its own (every earlier position has a lower one), and the cache boundary lies
-      in ``[previous boundary, lo]`` without splitting a group (a cached position never sees a
-      later one);
+      one group of its own (every earlier position has a lower one), the cache boundary lies in
+      ``[previous boundary, lo]``, and a cached position sees only cached positions, the same ones
+      at every later step (its cached keys never go stale);
     - **decoded once, to completion**: every write falls inside the step's active block, no
       position before ``lo`` is ever written again, and each output position was committed
       exactly once more than it was remasked and holds a token at the end.
@@ -94,6 +94,7 @@ class DynamicBlockScheduleContract(BlockScheduleContract):
         for rule, seed, prompts, gen in self._cases():
             _, seen = self._watched(rule, seed, prompts, gen)
             last_boundary = [0] * len(prompts)
+            cached_view: list[dict[int, set[int]]] = [{} for _ in prompts]  # what each cached position saw
             for step in seen:
                 for r, live in enumerate(step["live"][: len(prompts)]):
                     if not live:
@@ -105,10 +106,14 @@ class DynamicBlockScheduleContract(BlockScheduleContract):
                     assert lo == 0 or g[lo - 1] < g[lo], f"{rule!r}: row {r} position {lo - 1} shares the active group"
                     assert last_boundary[r] <= b <= lo, (
                         f"{rule!r}: row {r} cache boundary {b} outside [{last_boundary[r]}, {lo}]")
-                    assert b == 0 or g[b - 1] < g[b], (
-                        f"{rule!r}: row {r} cache boundary {b} splits a group: cached position {b - 1} would see "
-                        f"position {b}, which is not final")
                     last_boundary[r] = b
+                    for q in range(b):  # a cached position sees only cached ones, and always the same ones
+                        view = {k for k in range(hi) if g[k] <= g[q]}
+                        assert max(view) < b, f"{rule!r}: row {r} cached position {q} sees position {max(view)} >= {b}"
+                        before = cached_view[r].setdefault(q, view)
+                        assert before == view, (
+                            f"{rule!r}: row {r} cached position {q} now sees {sorted(view ^ before)} differently "
+                            "from when it was cached (its cached keys are stale)")
 
     def test_dynamic_positions_decoded_once_to_completion(self):
         for rule, seed, prompts, gen in self._cases():
