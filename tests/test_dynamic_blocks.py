@@ -259,3 +259,15 @@ def test_block_leaving_the_canvas_is_refused():
 def test_max_block_shorter_than_block_is_refused():
     with pytest.raises(ConfigError, match="max_block_length"):
         dsb_policy(block_length=8, max_block_length=4)
+
+
+def test_catalogue_sweep_offers_dsb_with_valid_largest_blocks():
+    from pathlib import Path
+
+    import yaml
+
+    space = yaml.safe_load((Path(__file__).resolve().parents[1] / "experiments" / "catalogue.yaml").read_text())["search_space"]
+    assert "dsb" in space["blocks.name"]["categorical"]
+    largest = space["blocks.params.max_block_length"]
+    assert largest["when"] == {"blocks.name": "dsb"}
+    assert min(largest["categorical"]) >= max(space["blocks.params.block_length"]["categorical"])
