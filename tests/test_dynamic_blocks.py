@@ -271,3 +271,23 @@ def test_catalogue_sweep_offers_dsb_with_valid_largest_blocks():
     largest = space["blocks.params.max_block_length"]
     assert largest["when"] == {"blocks.name": "dsb"}
     assert min(largest["categorical"]) >= max(space["blocks.params.block_length"]["categorical"])
+
+
+def test_eos_early_stop_ends_the_row_once_an_eos_is_final():
+    """An EOS behind the block is final: the row stops there (fewer forwards, same output) instead
+    of decoding the rest of the canvas."""
+    from dlm_toolkit.testing import table_logits
+
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(64, VOCAB, generator=gen)
+    table[:, EOS] = -9.0
+    table[7, EOS] = 9.0  # the third generated position of a 5-token prompt
+    model = ScriptedLM(table_logits(table), VOCAB, MASK, EOS)
+    prompts = [[1, 2, 3, 4, 5]]
+    kwargs = {"block_length": 4, "max_block_length": 8, "max_post_steps": 0}
+    stop = decode(model, prompts, dsb_policy(0.5, eos_early_stop=True, **kwargs), 24)
+    run = decode(model, prompts, dsb_policy(0.5, eos_early_stop=False, **kwargs), 24)
+    assert stop.tokens == run.tokens and stop.tokens[0][-1] == EOS and len(stop.tokens[0]) == 3
+    assert stop.rows[0].eos_stopped and not run.rows[0].eos_stopped
+    assert stop.rows[0].nfe < run.rows[0].nfe
+    assert (stop.canvas[0, 5:29] == MASK).any()  # the rest of the generation was never decoded
