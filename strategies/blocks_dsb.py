@@ -64,8 +64,9 @@ class DynamicSlidingBlock(DynamicBlockSchedule):
         lo, hi, width = state.block_lo, state.block_hi, self.window_width()
         committed = torch.zeros_like(lo).index_put_((ctx.rows,), ctx.commit.sum(1) * ctx.live)
         idx = lo[:, None] + torch.arange(width, device=lo.device)
-        masked = (state.canvas.gather(1, idx.clamp(max=state.canvas.shape[1] - 1)) == state.mask_token_id)
-        masked &= idx < hi[:, None]
+        # nothing past the block was ever written, so the first mask from lo on is the first in the
+        # block, or hi itself when the block holds none
+        masked = state.canvas.gather(1, idx.clamp(max=state.canvas.shape[1] - 1)) == state.mask_token_id
         start = torch.where(masked.any(1), lo + masked.long().argmax(1), hi)
         end = torch.minimum(torch.maximum(hi + committed, start + self.block_length), start + width)
         end = torch.minimum(end, state.gen_end)
