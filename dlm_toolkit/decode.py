@@ -254,15 +254,21 @@ class StepEngine:
             bad_cache, span, prefill_to = zero.bool(), zero, zero
         too_wide = (live & (hi - lo > self.window_width)).any()
         needed = torch.where(live, start if self.cached else hi, 0).max() if self.trim and not self.full else zero
+        bad_bounds = (live & s.bounds_error).any() if s.bounds_error is not None else zero.bool()
         head = torch.stack([live.any().long(), span, prefill_to, bad_cache.long(), too_wide.long(),
-                            self.overflow.long(), needed])
+                            self.overflow.long(), needed, bad_bounds.long()])
         rows = live.long() if self.trim else zero[None][:0]
         host = torch.cat([head, rows, checks.pending(s.device).long()]).tolist()
-        (any_live, span_n, prefill_n, bad, wide, over, needed_n), flags = host[:7], host[7 + len(rows):]
+        n_head = len(head)
+        (any_live, span_n, prefill_n, bad, wide, over, needed_n, out_of_canvas) = host[:n_head]
+        flags = host[n_head + len(rows):]
         if self.trim:
             self.needed = needed_n
-            self.live_rows = torch.tensor([r for r, x in enumerate(host[7:7 + len(rows)]) if x], device=s.device)
+            self.live_rows = torch.tensor([r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x],
+                                          device=s.device)
         checks.raise_if_failed(flags)
+        if out_of_canvas:
+            raise_bad_bounds(s, live, blocks.name)
         if bad:
             raise StrategyError(
                 f"block schedule '{blocks.name}' moved a window start back into the KV cache, or declared a cache "
@@ -411,6 +417,17 @@ class StepEngine:
             store[key] = StepRunner(fn, f"model forward (batch {s.batch_size}, width {width}, canvas {self.length})",
                                     self.mode, backend=COMPILE_BACKEND)
         return store[key]
+
+
+def raise_bad_bounds(state: DecodeState, live: torch.Tensor, schedule: str) -> None:
+    """The error for a dynamic block proposed outside ``[prompt_len, canvas length)`` (host reads:
+    only on the way to raising)."""
+    assert state.bounds_error is not None and state.block_lo is not None and state.block_hi is not None
+    r = int((live & state.bounds_error).nonzero()[0, 0])
+    lo, hi, p, n = (int(t[r]) for t in (state.block_lo, state.block_hi, state.prompt_len, state.length))
+    where = f"overlaps the prompt (positions [0, {p}))" if lo < p else f"leaves the canvas [0, {n})"
+    raise StrategyError(f"block schedule '{schedule}' proposed the active block [{lo}, {hi}) for batch row {r}, "
+                        f"which {where}: a dynamic block must lie in [{p}, {n}) and hold at least one position")
 
 
 def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,

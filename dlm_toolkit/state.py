@@ -53,6 +53,12 @@ class DecodeState:
     eos_stopped: torch.Tensor  # (N,) bool: stopped early at an EOS
     written_step: torch.Tensor  # (N, Lmax) long, -1 where never written
     written_conf: torch.Tensor  # (N, Lmax) float32
+    # Dynamic block schedules (:class:`~dlm_toolkit.blocks_dynamic.DynamicBlockSchedule`) keep the
+    # active block's bounds here as per-row data; ``None``: the fixed layout gives them.
+    block_lo: torch.Tensor | None = None  # (N,) absolute start of the active block
+    block_hi: torch.Tensor | None = None  # (N,) its end (exclusive)
+    block_width: int = 0  # the widest active block a dynamic schedule may propose (its window_width)
+    bounds_error: torch.Tensor | None = None  # (N,) bool: a proposal left [prompt_len, length); read by the engine
     cache: Any = None
     cache_len: torch.Tensor | None = None  # (N,) absolute positions held in the KV cache
     memory: dict[str, Any] = field(default_factory=dict)
@@ -141,7 +147,12 @@ class DecodeState:
         return self.counts[:, 0]
 
     def block_bounds(self, rows: torch.Tensor, block: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Absolute ``[lo, hi)`` of ``block`` (default: the active block) for ``rows``."""
+        """Absolute ``[lo, hi)`` of ``block`` (default: the active block) for ``rows``. Under a
+        dynamic schedule (``block_lo`` set) the bounds are data, not a layout: this is always the
+        current active block, whatever ``block`` says."""
+        if self.block_lo is not None:
+            assert self.block_hi is not None
+            return self.block_lo[rows], self.block_hi[rows]
         b = self.block[rows] if block is None else block
         lo = self.origin[rows] + b * self.block_length
         return lo, lo + self.block_length
@@ -149,9 +160,12 @@ class DecodeState:
     def masked_in_block(self, rows: torch.Tensor) -> torch.Tensor:
         """(R,) number of masked positions in the active block of each row, counted on the canvas
         (the engine keeps ``block_masked`` up to date without recounting)."""
-        lo, _ = self.block_bounds(rows)
-        idx = (lo[:, None] + torch.arange(self.block_length, device=self.device)).clamp(max=self.canvas.shape[1] - 1)  # (R, Bl)
-        return (self.canvas[rows[:, None], idx] == self.mask_token_id).sum(1)
+        lo, hi = self.block_bounds(rows)
+        width = self.block_length if self.block_lo is None else self.block_width
+        idx = lo[:, None] + torch.arange(width, device=self.device)  # (R, width)
+        inside = idx < hi[:, None]  # always true for fixed blocks (hi = lo + block_length)
+        at = self.canvas[rows[:, None], idx.clamp(max=self.canvas.shape[1] - 1)]
+        return ((at == self.mask_token_id) & inside).sum(1)
 
     def generated_span(self, rows: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """(R, Lmax) bool: positions ``[prompt_len, hi)`` of each row."""

@@ -312,6 +312,8 @@ class BlockSchedule(Strategy):
     once, then per forward ``prepare`` → ``window`` → ``attention_groups`` / ``cache_boundary``
     → (forward, rules, write) → ``finish_step``. The engine only applies what the schedule says:
     the attention pattern and which positions enter the KV cache are the schedule's to declare.
+    A schedule that chooses its block's start and length from what the decode has seen subclasses
+    :class:`~dlm_toolkit.blocks_dynamic.DynamicBlockSchedule` (bounds as per-row data).
 
     Methods that get ``state`` work on its device tensors and must not read them on the host
     (no ``.item()``, ``.tolist()``, ``if tensor.any()``, boolean indexing): on a GPU each such read

@@ -2,6 +2,7 @@
 (it is the ``builtin`` entry point of the ``dlm_toolkit.strategies`` group)."""
 
 from strategies import (  # noqa: F401  (imported to register)
+    blocks_dsb,
     blocks_multi_block_edit,
     blocks_semi_ar,
     m2t_ancestral,

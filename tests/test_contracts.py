@@ -6,7 +6,7 @@ import torch
 from dlm_toolkit import EditRule, RemaskRule, StrategyConfig, UnmaskRule
 from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
 from dlm_toolkit.selection import top1
-from dlm_toolkit.testing import BlockScheduleContract, EditRuleContract, RemaskRuleContract, UnmaskRuleContract
+from dlm_toolkit.testing import BlockScheduleContract, DynamicBlockScheduleContract, EditRuleContract, RemaskRuleContract, UnmaskRuleContract
 
 # -- m2t -------------------------------------------------------------------------------------
 
@@ -143,6 +143,12 @@ if "multi_block_edit" in BLOCKS.names():
     class TestMultiBlockEdit(BlockScheduleContract):
         rule_factory = BLOCKS.get("multi_block_edit")
         configs = [{"block_length": 4, "max_post_steps": 2, "edit_blocks": 1}, {"block_length": 3, "edit_blocks": 2}]
+
+
+class TestDSB(DynamicBlockScheduleContract):
+    rule_factory = BLOCKS.get("dsb")
+    configs = [{"block_length": 4, "max_block_length": 8, "max_post_steps": 2},
+               {"block_length": 3, "max_block_length": 3, "max_post_steps": 0, "eos_early_stop": False}]
 
 
 def test_every_builtin_is_covered():
