@@ -130,6 +130,7 @@ class StepContext:
     commit: torch.Tensor | None = None
     edit: torch.Tensor | None = None
     remask: torch.Tensor | None = None
+    verified: torch.Tensor | None = None  # (B,) bool: rows that ran a verification forward (dlm_toolkit.verify)
     extras: dict[str, Any] = field(default_factory=dict)
     draws: int = 0  # rand() calls so far this step: the draw index of the next one
 
