@@ -118,13 +118,15 @@ def verify_step(engine: StepEngine, verifier: Verifier, ctx: StepContext, temper
     assert ctx.commit is not None
     ctx.extras["temperature"] = temperature
     rows = ctx.live & verifier.wants_verify(ctx)
+    ctx.verified = rows
+    if engine.mode == "eager" and not bool(rows.any()):  # a host read, but eager decodes read every step anyway
+        return  # (captured decodes forward regardless: nothing real in it, no NFE counted)
     draft = verifier.draft(ctx)
     logits = verify_forward(engine, ctx, rows, draft)
     commit, tokens = verifier.accept(ctx, draft, logits)
     keep = rows[:, None]
     ctx.commit = torch.where(keep, commit, ctx.commit)
     ctx.sampled = torch.where(keep & commit, tokens, ctx.sampled)
-    ctx.verified = rows
     ctx.extras["draft"], ctx.extras["verify_logits"] = draft, logits
 
 
