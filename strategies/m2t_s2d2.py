@@ -15,12 +15,12 @@ self-speculative step; its public code, ``generate_ssd_policy`` for LLaDA2.1, wh
    ``[draft | all-mask copy]`` with token-causal attention, giving ``q_i = p_AR(x_i | prefix,
    draft_<i)`` for every ``i`` of the span;
 4. *accept* (speculative rejection sampling over the span, left to right): accept ``x_i`` iff
-   ``u_i < min(1, (q_i / p_i)^gamma)``; keep the accepted prefix up to the first rejection ``r``
+   ``u_i < min(1, (q_i / p_i)^e)`` (``e``: ``ratio_exponent``); keep the accepted prefix up to the first rejection ``r``
    and write ``r`` too, with a token drawn from the residual ``norm(max(q - p, 0))`` (from ``q`` when
    the residual has no mass). Every verified step therefore writes at least one position.
 
 Defaults (the public code's): ``threshold`` 0.95 (the no-verification commit rule),
-``min_span_length`` 1, ``gamma`` (``ssd_ratio_tempering_factor``) 1.0, rejection sampling.
+``min_span_length`` 1, ``ratio_exponent`` (``ssd_ratio_tempering_factor``) 1.0, rejection sampling.
 Where the paper leaves a choice open, or this toolkit differs:
 
 * ``p`` and ``q`` are softmaxes at the policy's sampling temperature, of the raw logits at
@@ -64,7 +64,8 @@ class S2D2(ThresholdUnmask, Verifier):
                                  description="commit iff confidence > threshold in steps that do not verify")
         min_span_length: int = Field(1, ge=1, le=4096,
                                      description="verify iff the first mask span of the block has at least this many positions")
-        gamma: float = Field(1.0, gt=0.0, le=10.0, description="acceptance ratio exponent: accept iff u < (q/p)^gamma")
+        ratio_exponent: float = Field(1.0, gt=0.0, le=10.0,
+                                      description="accept iff u < (q/p)^ratio_exponent (the code's ssd_ratio_tempering_factor)")
         acceptance: Literal["rejection", "greedy"] = Field(
             "rejection", description="rejection: speculative rejection sampling (paper); greedy: argmax agreement")
 
@@ -85,7 +86,7 @@ class S2D2(ThresholdUnmask, Verifier):
             p_all = temperature_probs(ctx.logits, temperature)
             q = q_all.gather(-1, draft[..., None])[..., 0]
             p = p_all.gather(-1, draft[..., None])[..., 0].clamp_min(1e-12)
-            ratio = (q / p).pow(self.config.gamma).clamp(max=1.0)
+            ratio = (q / p).pow(self.config.ratio_exponent).clamp(max=1.0)
             accepted = verify_uniform(ctx, draw=0) < ratio
             residual = (q_all - p_all).clamp_min(0.0).masked_fill(ids_equal(q_all, ctx.mask_token_id), 0.0)
             has_mass = residual.sum(-1, keepdim=True) > 0

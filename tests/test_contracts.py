@@ -295,7 +295,7 @@ def test_unregistered_subclass_keeps_its_own_identity():
 
 class TestS2D2(VerifierContract):
     rule_factory = M2T.get("s2d2")
-    configs = [{}, {"acceptance": "greedy", "threshold": 0.5}, {"min_span_length": 3, "gamma": 0.5}]
+    configs = [{}, {"acceptance": "greedy", "threshold": 0.5}, {"min_span_length": 3, "ratio_exponent": 0.5}]
     uses_randomness = True
 
     def is_random(self, rule):
