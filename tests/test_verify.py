@@ -240,3 +240,20 @@ def test_policies_without_a_verifier_record_no_verification():
                  8, record=True)
     assert res.trajectory.steps and not any(s.verified for s in res.trajectory.steps)
     assert res.rows[0].nfe == len(res.trajectory.steps)
+
+
+def test_spans_shorter_than_min_span_length_are_not_verified():
+    """The paper's mask_span_length routing: a span shorter than the minimum is decoded by the
+    threshold rule alone; with a minimum past the block, S2D2 is LLaDA2.1 threshold decoding."""
+    model = tiny_llada2(seed=4)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14]]
+    never = decode(model, prompts, s2d2(min_span_length=B + 1, threshold=0.8), 12, record=True)
+    plain = decode(model, prompts, DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": B,
+                                                                    "m2t.params.threshold": 0.8}), 12)
+    assert never.tokens == plain.tokens and [r.nfe for r in never.rows] == [r.nfe for r in plain.rows]
+    assert not any(s.verified for s in never.trajectory.steps)
+    some = decode(model, prompts, s2d2(min_span_length=3), 12, record=True)
+    assert any(s.verified for s in some.trajectory.steps)
+    for s in some.trajectory.steps:  # a verified step had a span of 3 or more, so at least 3 masks
+        assert not s.verified or s.masks_before >= 3
+    assert any(not s.verified and 0 < s.masks_before < 3 for s in some.trajectory.steps)
