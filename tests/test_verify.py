@@ -22,12 +22,8 @@ B = 4  # block length of every decode here
 
 
 @pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
+def _fast_compile(monkeypatch):  # the same full graph as inductor, without generating C++ (conftest: one thread)
     monkeypatch.setattr(decode_module, "COMPILE_BACKEND", "aot_eager")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def s2d2(**params) -> DecodingPolicy:

@@ -49,14 +49,6 @@ def suite(rule_cls=S2D2, configs=({},)):
                                                 "n_verify_cases": 12})()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_suite_passes_s2d2():
     s = suite(configs=[{}, {"acceptance": "greedy"}])
     s.test_accept_contract_on_random_contexts()
