@@ -453,6 +453,7 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
     ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx
 
+
 def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(at_pos, same)``: the canvas position each window slot writes (padding clamps onto real
     positions) and the window slot holding that position, whose value every write there carries."""

@@ -29,7 +29,10 @@ past it stops the decode with a message naming the rule.
 
 Shapes: with the KV cache the forward is ``window_width() + block_length`` wide, a width the step
 already captures; without it, the canvas plus one block (one more captured width per decode).
-Full-attention models have no autoregressive mode and are refused.
+Full-attention models have no autoregressive mode and are refused. With the cache, the forward
+spans the ``window_width()`` positions ending at the window's end: that holds everything not yet
+cached for schedules whose cache boundary is the window start (the default; semi-AR and multi-block
+editing), which is what the per-step forward left in the cache.
 """
 
 from __future__ import annotations
