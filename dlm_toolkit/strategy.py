@@ -8,7 +8,9 @@ policy object can serve many concurrent decodes.
 
 Per forward, the :class:`~dlm_toolkit.policy.DecodingPolicy` calls, in order:
 ``m2t(ctx)`` → ``ctx.commit``; ``t2t(ctx)`` → ``ctx.edit``; ``remask(ctx)`` → ``ctx.remask``;
-then writes all three at once and lets the block schedule react.
+then writes all three at once and lets the block schedule react. An M2T rule that also subclasses
+:class:`~dlm_toolkit.verify.Verifier` gets one more forward over its draft before the write
+(a verification forward) and decides from it which drafted writes to keep.
 """
 
 from __future__ import annotations
