@@ -49,6 +49,7 @@ from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
+from dlm_toolkit.verify import check_model, forward_limit, verifier_of, verify_step
 
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
@@ -108,6 +109,7 @@ def decode(
     if isinstance(check_every, bool) or not isinstance(check_every, int) or not 1 <= check_every <= 1024:
         raise ConfigError(f"check_every: must be an integer in [1, 1024] (got {check_every!r})")
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
+    check_model(policy, model.attention)
     if not allow_past_context:
         origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
@@ -135,8 +137,9 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     state.done[n:] = True
     engine = StepEngine(model, blocks, state, cached, mode, trim=mode == "eager" and check_every == 1)
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
+    verifier = verifier_of(policy)  # an m2t rule that asks for a verification forward (dlm_toolkit.verify)
     trajectory = Trajectory(n_rows=n) if record else None
-    checks = StepChecks(policy, blocks.max_forwards_per_block())
+    checks = StepChecks(policy, forward_limit(policy))
     start = perf_counter()
     with torch.inference_mode():
         since_read = check_every
@@ -151,6 +154,8 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             logits = engine.forward(live, lo, hi)  # (N, W, V)
             ctx = step_context(policy, state, live, lo, hi, logits)
             rules_step(ctx, state.memory)
+            if verifier is not None:
+                verify_step(engine, verifier, ctx, policy.sampling.temperature)
             write(state, ctx)
             blocks.finish_step(state, ctx)
             checks.add(ctx, state)
@@ -465,6 +470,14 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
     ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx
 
+
+def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(at_pos, same)``: the canvas position each window slot writes (padding clamps onto real
+    positions) and the window slot holding that position, whose value every write there carries."""
+    at_pos = ctx.positions.clamp(0, length - 1)
+    return at_pos, (at_pos - ctx.positions[:, :1]).clamp(0, ctx.positions.shape[1] - 1)
+
+
 def write(state: DecodeState, ctx: StepContext) -> None:
     """Write commits, edits and remasks of one step at once, and count them (live rows only).
 
@@ -475,9 +488,7 @@ def write(state: DecodeState, ctx: StepContext) -> None:
     """
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
     rows, live = ctx.rows, ctx.live
-    width = ctx.positions.shape[1]
-    at_pos = ctx.positions.clamp(0, state.canvas.shape[1] - 1)
-    same = (at_pos - ctx.positions[:, :1]).clamp(0, width - 1)  # the window slot of the position written
+    at_pos, same = window_slots(ctx, state.canvas.shape[1])
     at = (rows[:, None], at_pos)
     wrote = ctx.commit | ctx.edit
     state.canvas[at] = torch.where(ctx.remask, state.mask_token_id, torch.where(wrote, ctx.sampled, ctx.tokens)).gather(1, same)

@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 import torch
 
-from dlm_toolkit.config import RoleSpec, SamplingConfig
+from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
+from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -19,6 +20,7 @@ from dlm_toolkit.strategy import (
     Strategy,
     UnmaskRule,
 )
+from dlm_toolkit.verify import Verifier
 
 
 class StrategyError(RuntimeError):
@@ -39,6 +41,12 @@ class DecodingPolicy:
         self.blocks: BlockSchedule = self._build("blocks")
         self.remask: RemaskRule = self._build("remask")
         self.sampling: SamplingConfig = self.config.sampling
+        if isinstance(self.m2t, Verifier) and isinstance(self.blocks, DynamicBlockSchedule):
+            # the verification forward copies the block of length block_length starting at the block's
+            # start and assumes the cache ends at the window start: a block that moves and grows breaks both
+            raise ConfigError(
+                f"m2t rule '{self.m2t.name}' (a verification forward) needs a fixed block layout; block schedule "
+                f"'{self.blocks.name}' moves and resizes its block: use semi_ar or multi_block_edit with it")
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)
@@ -113,7 +121,7 @@ class StepChecks:
     anything is returned.
     """
 
-    NAMES = ("m2t", "t2t", "remask", "progress", "net", "limit", "finite")
+    NAMES = ("m2t", "t2t", "remask", "progress", "net", "verify", "limit", "finite")
 
     def __init__(self, policy: DecodingPolicy, limit: int):
         self.policy, self.limit = policy, limit
@@ -125,12 +133,14 @@ class StepChecks:
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         has_masks = ctx.fillable.any(1)
         net = ctx.commit.sum(1) - ctx.remask.sum(1)
+        verified = ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)
         self._steps.append(ctx)
         self._flags.append(torch.stack([
             *((getattr(ctx, sel) & ~ALLOWED[role][0](ctx)).any() for role, sel in
               (("m2t", "commit"), ("t2t", "edit"), ("remask", "remask"))),
             (has_masks & ~ctx.commit.any(1)).any(),
             (has_masks & ctx.remask.any(1) & (net < 1)).any(),
+            (verified & (state.block_step[ctx.rows] > self.limit)).any(),  # a verification forward past the bound
             (ctx.live & (state.block_step[ctx.rows] > self.limit)).any(),
             ~(torch.isfinite(ctx.confidence) | ~ctx.valid).all(),
         ]))
@@ -174,6 +184,10 @@ class StepChecks:
                 f"remask rule '{policy.remask.name}' remasked {int(ctx.remask[r].sum())} positions in batch row "
                 f"{int(ctx.rows[r])} but only {int(ctx.commit[r].sum())} were committed (net progress must be >= 1)"
             )
+        if failed == "verify":
+            raise StrategyError(
+                f"m2t rule '{policy.m2t.name}' asked for a verification forward past the bound of {self.limit} "
+                f"forwards per block (block schedule '{policy.blocks.name}' plus the rule's max_verify_forwards)")
         if failed == "limit":
             raise StrategyError(f"block schedule '{policy.blocks.name}' exceeded {self.limit} forwards in one block")
         bad = (~torch.isfinite(ctx.confidence) & ctx.valid).any(1)

@@ -8,7 +8,9 @@ policy object can serve many concurrent decodes.
 
 Per forward, the :class:`~dlm_toolkit.policy.DecodingPolicy` calls, in order:
 ``m2t(ctx)`` → ``ctx.commit``; ``t2t(ctx)`` → ``ctx.edit``; ``remask(ctx)`` → ``ctx.remask``;
-then writes all three at once and lets the block schedule react.
+then writes all three at once and lets the block schedule react. An M2T rule that also subclasses
+:class:`~dlm_toolkit.verify.Verifier` gets one more forward over its draft before the write
+(a verification forward) and decides from it which drafted writes to keep.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class StepContext:
     commit: torch.Tensor | None = None
     edit: torch.Tensor | None = None
     remask: torch.Tensor | None = None
+    verified: torch.Tensor | None = None  # (B,) bool: rows that ran a verification forward (dlm_toolkit.verify)
     extras: dict[str, Any] = field(default_factory=dict)
     draws: int = 0  # rand() calls so far this step: the draw index of the next one
 

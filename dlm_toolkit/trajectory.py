@@ -26,6 +26,7 @@ class StepRecord:
     confidence: list[float]  # per window position, of the drawn token
     sampled: list[int]  # per window position
     block_after: list[int]  # the active block's tokens after the write
+    verified: bool = False  # a verification forward ran in this step (one more NFE; dlm_toolkit.verify)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Trajectory:
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         lo, hi = state.block_bounds(ctx.rows, ctx.block)
         live = ctx.live.tolist()
+        verified = ctx.verified.tolist() if ctx.verified is not None else [False] * len(live)
         for i, row in enumerate(ctx.rows.tolist()):
             if not live[i] or row >= self.n_rows:  # not forwarded now, or padding a batch bucket
                 continue
@@ -68,6 +70,7 @@ class Trajectory:
                     confidence=ctx.confidence[i][valid].tolist(),
                     sampled=ctx.sampled[i][valid].tolist(),
                     block_after=state.canvas[row, int(lo[i]) : int(hi[i])].tolist(),
+                    verified=bool(verified[i]),
                 )
             )
 

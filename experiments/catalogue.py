@@ -39,6 +39,8 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "top-k, 8 steps": ("llada2.1-q", {"m2t.name": "topk", "m2t.params.steps_per_block": 8}),
     "T2M": ("llada2.1-q", {"remask.name": "t2m"}),
     "Learned": ("llada2.1-q", {"m2t.name": "learned"}),
+    "S2D2": ("llada2.1-q", {"m2t.name": "s2d2"}),
+    "DSB": ("llada2.1-q", {"blocks.name": "dsb"}),
 }
 REFERENCES = ("Q", "S")
 
@@ -60,6 +62,8 @@ CLAIMS = (
     Claim("PC-Sampler, 8 steps", "top-k, 8 steps", "better", "PC-Sampler (2508.13021): beats confidence ranking at equal steps"),
     Claim("T2M", "Q", "better", "T2M (2604.18738): up to +5.92 on CMATH over LLaDA2.1"),
     Claim("Learned", "Q", "faster", "learned policy (2512.09106): fewer forwards than confidence heuristics at matched accuracy"),
+    Claim("S2D2", "Q", "faster", "S2D2 (2603.25702): 4.4x faster than the static baseline on LLaDA2.1-mini, accuracy slightly higher"),
+    Claim("DSB", "Q", "faster", "DSB (2602.05992): a sliding block of dynamic size decodes faster than fixed blocks at equal quality"),
 )
 
 

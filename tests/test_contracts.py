@@ -6,7 +6,8 @@ import torch
 from dlm_toolkit import EditRule, RemaskRule, StrategyConfig, UnmaskRule
 from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
 from dlm_toolkit.selection import top1
-from dlm_toolkit.testing import BlockScheduleContract, DynamicBlockScheduleContract, EditRuleContract, RemaskRuleContract, UnmaskRuleContract
+from dlm_toolkit.testing import (BlockScheduleContract, DynamicBlockScheduleContract, EditRuleContract, RemaskRuleContract,
+                                 UnmaskRuleContract, VerifierContract)
 
 # -- m2t -------------------------------------------------------------------------------------
 
@@ -294,3 +295,15 @@ def test_unregistered_subclass_keeps_its_own_identity():
     globals()["InheritsThreshold"] = inherited
     assert inherited().name == f"{__name__}:InheritsThreshold"
     _suite(UnmaskRuleContract, inherited).test_config_round_trip()
+
+
+# -- m2t with a verification forward (dlm_toolkit.verify) -----------------------------------
+
+
+class TestS2D2(VerifierContract):
+    rule_factory = M2T.get("s2d2")
+    configs = [{}, {"acceptance": "greedy", "threshold": 0.5}, {"min_span_length": 3, "ratio_exponent": 0.5}]
+    uses_randomness = True
+
+    def is_random(self, rule):
+        return rule.config.acceptance == "rejection"

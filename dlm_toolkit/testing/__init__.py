@@ -6,10 +6,11 @@ from dlm_toolkit.testing.models import tiny_llada2, tiny_llada2_config
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits, table_logits
 
 __all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "HostSyncs", "ScriptedLM", "mixing_logits", "table_logits",
-           "UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract", "DynamicBlockScheduleContract"]
+           "UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
+           "DynamicBlockScheduleContract", "VerifierContract"]
 
 _CONTRACTS = ("UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
-              "DynamicBlockScheduleContract")
+              "DynamicBlockScheduleContract", "VerifierContract")
 
 
 def __getattr__(name: str):
