@@ -25,13 +25,6 @@ from tests.test_model_llada2 import tiny_config
 L, T = 24, 8  # canvas length (cache positions), window width
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny_model(device: str = "cpu", dtype: torch.dtype = torch.float32) -> LLaDA2MoeModelLM:
     return LLaDA2MoeModelLM(tiny_config(), dtype=dtype).init_weights(0).eval().to(device)

@@ -25,13 +25,6 @@ from test_strategies_catalogue import M, conf, selected  # hand-built logits ove
 VOCAB, MASK, EOS = 24, 23, 22  # the random model's vocabulary
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # -- hand-worked examples ------------------------------------------------------------------------
 
