@@ -25,7 +25,6 @@ from tests.test_model_llada2 import tiny_config
 L, T = 24, 8  # canvas length (cache positions), window width
 
 
-
 def tiny_model(device: str = "cpu", dtype: torch.dtype = torch.float32) -> LLaDA2MoeModelLM:
     return LLaDA2MoeModelLM(tiny_config(), dtype=dtype).init_weights(0).eval().to(device)
 

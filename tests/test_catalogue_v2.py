@@ -25,7 +25,6 @@ from test_strategies_catalogue import M, conf, selected  # hand-built logits ove
 VOCAB, MASK, EOS = 24, 23, 22  # the random model's vocabulary
 
 
-
 # -- hand-worked examples ------------------------------------------------------------------------
 
 

@@ -286,7 +286,7 @@ def test_a_database_that_crashes_mid_sweep(tmp_path):
             before = sum(is_counted(t) for t in _trials(storage))
             proc = _start([*h.DLM, *base, "--reconnect", reconnect], tmp_path)
             deadline = time.time() + 180
-            # kill at the first finished trial: the sweep has many left, so it cannot end before the kill
+            # kill at the first finished trial: with nine trials still to run, the sweep is far from its end
             while sum(is_counted(t) for t in _trials(storage)) < before + 1:
                 assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
                 time.sleep(0.1)
