@@ -20,9 +20,10 @@ step (not an NFE; its positions count in ``forward_tokens`` as before).
 Host reads (the host waiting for the device): ONE per ``check_every`` steps (default every step),
 a small vector read with one ``.tolist()``: whether any row is live, the widest span a row
 needs from its cached prefix (which of the step widths the forward takes), whether the schedule
-broke the window/cache rules, and the contract checks of the steps since the last read (a broken
-contract raises there, before anything is returned). Nothing else in the loop reads the device:
-not the rules, the checks, the canvas writes, the block ends or the random draws (counter-based,
+broke the window/cache rules, whether an insert/delete edit was flagged (:mod:`dlm_toolkit.indel`),
+and the contract checks of the steps since the last read (a broken contract raises there, before
+anything is returned). Nothing else in the loop reads the device: not the rules, the checks, the
+canvas writes, the insert/delete shifts, the block ends or the random draws (counter-based,
 :mod:`dlm_toolkit.rng`). The first read of a decode also gives the prefill's width. Recording a
 trajectory reads every step.
 
@@ -49,6 +50,7 @@ from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
+from dlm_toolkit.indel import indel_forwards, indel_of, indel_step, raise_indel_error
 from dlm_toolkit.verify import check_model, forward_limit, verifier_of, verify_step
 
 
@@ -138,8 +140,9 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     engine = StepEngine(model, blocks, state, cached, mode, trim=mode == "eager" and check_every == 1)
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     verifier = verifier_of(policy)  # an m2t rule that asks for a verification forward (dlm_toolkit.verify)
+    indel = indel_of(policy)  # a t2t rule that also inserts/deletes positions (dlm_toolkit.indel)
     trajectory = Trajectory(n_rows=n) if record else None
-    checks = StepChecks(policy, forward_limit(policy))
+    checks = StepChecks(policy, forward_limit(policy) + indel_forwards(policy))
     start = perf_counter()
     with torch.inference_mode():
         since_read = check_every
@@ -157,6 +160,8 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             if verifier is not None:
                 verify_step(engine, verifier, ctx, policy.sampling.temperature)
             write(state, ctx)
+            if indel is not None:
+                indel_step(state, ctx, indel)
             blocks.finish_step(state, ctx)
             checks.add(ctx, state)
             if trajectory is not None:
@@ -260,12 +265,13 @@ class StepEngine:
         too_wide = (live & (hi - lo > self.window_width)).any()
         needed = torch.where(live, start if self.cached else hi, 0).max() if self.trim and not self.full else zero
         bad_bounds = (live & s.bounds_error).any() if s.bounds_error is not None else zero.bool()
+        bad_indel = s.indel_error[:, 0].amax() if s.indel_error is not None else zero
         head = torch.stack([live.any().long(), span, prefill_to, bad_cache.long(), too_wide.long(),
-                            self.overflow.long(), needed, bad_bounds.long()])
+                            self.overflow.long(), needed, bad_bounds.long(), bad_indel])
         rows = live.long() if self.trim else zero[None][:0]
         host = torch.cat([head, rows, checks.pending(s.device).long()]).tolist()
         n_head = len(head)
-        (any_live, span_n, prefill_n, bad, wide, over, needed_n, out_of_canvas) = host[:n_head]
+        (any_live, span_n, prefill_n, bad, wide, over, needed_n, out_of_canvas, indel_failed) = host[:n_head]
         flags = host[n_head + len(rows):]
         if self.trim:
             self.needed = needed_n
@@ -274,6 +280,8 @@ class StepEngine:
         checks.raise_if_failed(flags)
         if out_of_canvas:
             raise_bad_bounds(s, live, blocks.name)
+        if indel_failed:
+            raise_indel_error(s, checks.policy.t2t.name)
         if bad:
             raise StrategyError(
                 f"block schedule '{blocks.name}' moved a window start back into the KV cache, or declared a cache "
@@ -506,6 +514,8 @@ def write(state: DecodeState, ctx: StepContext) -> None:
             ctx.post.long(),
             (ctx.post & ctx.edit.any(1)).long(),
             (ctx.block_step == 0).long(),
+            torch.zeros_like(n_commit),  # forward_tokens: counted by the forwards
+            torch.zeros_like(n_commit),  # inserts, deletes: counted by dlm_toolkit.indel
             torch.zeros_like(n_commit),
         ],
         dim=1,

@@ -30,7 +30,8 @@ class EvalResult:
     EOS, summed, over NFE summed), ``nfe_mean``, ``tokens_per_second`` (generated tokens over
     decode wall time), ``edits_per_token``, ``remasks_per_token``, ``forward_tokens_per_token``
     (positions the model processed per generated token: the compute cost NFE does not show,
-    e.g. of multi-block editing), ``wall_time_s``, ``n``.
+    e.g. of multi-block editing), ``inserts_per_token`` / ``deletes_per_token`` (insert/delete
+    edits, :mod:`dlm_toolkit.indel`; 0 for other rules), ``wall_time_s``, ``n``.
     """
 
     metrics: dict[str, float]
@@ -100,7 +101,8 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
     gen_length = task.answer_length + 1  # room for the EOS
     check_task_context(model, max(len(p) for p in prompts) + gen_length, policy, task.name)
     records: list[dict[str, Any]] = []
-    totals = {"tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "forward_tokens": 0, "score": 0.0, "wall": 0.0}
+    totals = {"tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "forward_tokens": 0, "inserts": 0, "deletes": 0,
+              "score": 0.0, "wall": 0.0}
     bar = tqdm(total=n, desc=f"eval {task.name}", disable=not progress, unit="inst")
     for start in range(0, n, batch_size):
         batch = instances[start : start + batch_size]
@@ -119,6 +121,8 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
             totals["edits"] += row.edits
             totals["remasks"] += row.remasks
             totals["forward_tokens"] += row.forward_tokens
+            totals["inserts"] += row.inserts
+            totals["deletes"] += row.deletes
             totals["score"] += score
         running = metrics_from(totals, len(records))
         bar.update(len(batch))
@@ -163,6 +167,8 @@ def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:
         "edits_per_token": totals["edits"] / tokens,
         "remasks_per_token": totals["remasks"] / tokens,
         "forward_tokens_per_token": totals["forward_tokens"] / tokens,
+        "inserts_per_token": totals["inserts"] / tokens,
+        "deletes_per_token": totals["deletes"] / tokens,
         "wall_time_s": totals["wall"],
         "n": n,
     }

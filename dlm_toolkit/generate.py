@@ -60,6 +60,8 @@ class Generation:
     forward_tokens: int
     stopped: str | None
     blocks_skipped: int = 0
+    inserts: int = 0  # insert/delete edits of an Indel t2t rule (dlm_toolkit.indel)
+    deletes: int = 0
 
 
 def validate_stops(stop: Sequence[str] | None, where: str = "stop") -> tuple[str, ...]:
@@ -128,7 +130,8 @@ def generate(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]
         for row in result.rows:
             text, hit = cut_at_stop(_text(tokenizer, row.tokens, eos), stops)
             out.append(Generation(text, row.tokens, row.nfe, row.edits, row.remasks, row.forward_tokens,
-                                  "eos" if row.eos_stopped or eos in row.tokens else ("stop" if hit else None)))
+                                  "eos" if row.eos_stopped or eos in row.tokens else ("stop" if hit else None),
+                                  inserts=row.inserts, deletes=row.deletes))
         return out, wall
     return _segmented(model, tokenizer, prompts, policy, gen_length, stops, list(seeds), kv_cache, stop_every,
                       cuda_graphs)
@@ -179,6 +182,8 @@ def _segmented(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[in
                 g.edits += row.edits
                 g.remasks += row.remasks
                 g.forward_tokens += row.forward_tokens
+                g.inserts += row.inserts
+                g.deletes += row.deletes
                 segment[r] += 1
                 text, hit = cut_at_stop(_text(tokenizer, g.tokens, model.eos_token_id), stops)
                 g.text = text

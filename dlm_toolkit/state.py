@@ -59,6 +59,9 @@ class DecodeState:
     block_hi: torch.Tensor | None = None  # (N,) its end (exclusive)
     block_width: int = 0  # the widest active block a dynamic schedule may propose (its window_width)
     bounds_error: torch.Tensor | None = None  # (N,) bool: a proposal left [prompt_len, length); read by the engine
+    # (N, 4) long: each row's first bad insert/delete edit (kind, block lo, block hi, position; kind 0:
+    # none), set by dlm_toolkit.indel and read by the engine; None until an insert/delete rule ran
+    indel_error: torch.Tensor | None = None
     cache: Any = None
     cache_len: torch.Tensor | None = None  # (N,) absolute positions held in the KV cache
     memory: dict[str, Any] = field(default_factory=dict)
@@ -237,6 +240,8 @@ COUNTERS = (  # columns of DecodeState.counts, in this order
     "post_forwards_with_edit",
     "blocks_decoded",
     "forward_tokens",
+    "inserts",  # masks inserted into the active block (dlm_toolkit.indel)
+    "deletes",  # tokens deleted from it
 )
 
 
@@ -247,7 +252,8 @@ class RowResult:
     ``tokens`` are the generated ids cut after the first EOS (EOS kept). ``tpf`` counts those
     tokens (up to and including the first EOS) per forward this row took part in.
     ``forward_tokens`` counts every token position the model processed for this row (a compute
-    measure: windows, re-forwarded edit blocks, prefills).
+    measure: windows, re-forwarded edit blocks, prefills). ``inserts`` / ``deletes`` count the
+    insert/delete edits of a T2T rule that makes them (:mod:`dlm_toolkit.indel`; 0 otherwise).
     """
 
     tokens: list[int]
@@ -262,6 +268,8 @@ class RowResult:
     blocks_decoded: int
     forward_tokens: int
     eos_stopped: bool
+    inserts: int = 0
+    deletes: int = 0
 
     @property
     def edits_per_token(self) -> float:
@@ -296,6 +304,8 @@ class DecodeResult:
             "tpf": gen / max(nfe, 1),
             "edits_per_token": sum(r.edits for r in self.rows) / max(gen, 1),
             "remasks_per_token": sum(r.remasks for r in self.rows) / max(gen, 1),
+            "inserts_per_token": sum(r.inserts for r in self.rows) / max(gen, 1),
+            "deletes_per_token": sum(r.deletes for r in self.rows) / max(gen, 1),
             "generated_tokens": gen,
             "forward_calls": self.forward_calls,
             "wall_time_s": self.wall_time,

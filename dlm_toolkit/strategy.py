@@ -10,7 +10,9 @@ Per forward, the :class:`~dlm_toolkit.policy.DecodingPolicy` calls, in order:
 ``m2t(ctx)`` → ``ctx.commit``; ``t2t(ctx)`` → ``ctx.edit``; ``remask(ctx)`` → ``ctx.remask``;
 then writes all three at once and lets the block schedule react. An M2T rule that also subclasses
 :class:`~dlm_toolkit.verify.Verifier` gets one more forward over its draft before the write
-(a verification forward) and decides from it which drafted writes to keep.
+(a verification forward) and decides from it which drafted writes to keep. A T2T rule that also
+subclasses :class:`~dlm_toolkit.indel.Indel` may insert masks into, and delete tokens from, the
+active block after the write (the block's content shifts).
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class StepContext:
     edit: torch.Tensor | None = None
     remask: torch.Tensor | None = None
     verified: torch.Tensor | None = None  # (B,) bool: rows that ran a verification forward (dlm_toolkit.verify)
+    insert: torch.Tensor | None = None  # (B, W) bool: slots an insert edit put a mask before (dlm_toolkit.indel)
+    delete: torch.Tensor | None = None  # (B, W) bool: slots whose token a delete edit removed (dlm_toolkit.indel)
     extras: dict[str, Any] = field(default_factory=dict)
     draws: int = 0  # rand() calls so far this step: the draw index of the next one
 

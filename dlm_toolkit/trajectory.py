@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from dlm_toolkit.state import DecodeState
     from dlm_toolkit.strategy import StepContext
@@ -25,8 +27,10 @@ class StepRecord:
     positions: list[int]  # the window
     confidence: list[float]  # per window position, of the drawn token
     sampled: list[int]  # per window position
-    block_after: list[int]  # the active block's tokens after the write
+    block_after: list[int]  # the active block's tokens after the write (and any insert/delete shift)
     verified: bool = False  # a verification forward ran in this step (one more NFE; dlm_toolkit.verify)
+    insert: list[int] = field(default_factory=list)  # positions a mask was inserted before (dlm_toolkit.indel)
+    delete: list[int] = field(default_factory=list)  # positions whose token was deleted (before the shift)
 
 
 @dataclass
@@ -51,6 +55,9 @@ class Trajectory:
         lo, hi = state.block_bounds(ctx.rows, ctx.block)
         live = ctx.live.tolist()
         verified = ctx.verified.tolist() if ctx.verified is not None else [False] * len(live)
+        none = torch.zeros_like(ctx.valid)
+        insert = ctx.insert if ctx.insert is not None else none
+        delete = ctx.delete if ctx.delete is not None else none
         for i, row in enumerate(ctx.rows.tolist()):
             if not live[i] or row >= self.n_rows:  # not forwarded now, or padding a batch bucket
                 continue
@@ -71,6 +78,8 @@ class Trajectory:
                     sampled=ctx.sampled[i][valid].tolist(),
                     block_after=state.canvas[row, int(lo[i]) : int(hi[i])].tolist(),
                     verified=bool(verified[i]),
+                    insert=pos[insert[i]].tolist(),
+                    delete=pos[delete[i]].tolist(),
                 )
             )
 

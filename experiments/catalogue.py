@@ -4,7 +4,7 @@
 
 Each policy (a preset plus flat overrides, :data:`POLICIES`) decodes the same ``n`` eval instances of
 each task (seed 0: the same per-instance random streams), 1 thread. Per task the table gives accuracy
-with its 95 % Wilson interval, TPF, mean NFE, edits and remasks per generated token, and the paired
+with its 95 % Wilson interval, TPF, mean NFE, edits, remasks and inserts + deletes per generated token, and the paired
 difference against Q and against S (``dlm compare``'s statistics, :func:`dlm_toolkit.stats.compare_outcomes`:
 accuracy difference with its paired-bootstrap interval and exact McNemar p, TPF difference with its
 interval). A second table checks each paper's claimed direction (:data:`CLAIMS`) against the baseline
@@ -41,6 +41,12 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "Learned": ("llada2.1-q", {"m2t.name": "learned"}),
     "S2D2": ("llada2.1-q", {"m2t.name": "s2d2"}),
     "DSB": ("llada2.1-q", {"blocks.name": "dsb"}),
+    # S plus insert/delete edits: a new t2t name starts from that rule's defaults, so S's substitution
+    # threshold (0.0) is set again; the comparison with S then isolates the inserts and deletes
+    "Indel": ("llada2.1-s", {"t2t.name": "indel", "t2t.params.threshold": 0.0}),
+    # the same with repairs made readily (the defaults rarely fire on these fixed-length answers)
+    "Indel, eager": ("llada2.1-s", {"t2t.name": "indel", "t2t.params.threshold": 0.0, "t2t.params.delete_threshold": 0.5,
+                                    "t2t.params.insert_threshold": 0.5, "t2t.params.keep_below": 0.9}),
 }
 REFERENCES = ("Q", "S")
 
@@ -64,6 +70,7 @@ CLAIMS = (
     Claim("Learned", "Q", "faster", "learned policy (2512.09106): fewer forwards than confidence heuristics at matched accuracy"),
     Claim("S2D2", "Q", "faster", "S2D2 (2603.25702): 4.4x faster than the static baseline on LLaDA2.1-mini, accuracy slightly higher"),
     Claim("DSB", "Q", "faster", "DSB (2602.05992): a sliding block of dynamic size decodes faster than fixed blocks at equal quality"),
+    Claim("Indel", "S", "better", "insert/delete edits repair drafts that substitution cannot (LLaDA2.2; our Levenshtein-style rule)"),
 )
 
 
@@ -94,7 +101,8 @@ def run(model: Any, tokenizer: Any, tasks: Sequence[str], policies: Sequence[str
         for label, res in evals.items():
             m = res.metrics
             row = {"policy": label, "accuracy": m["accuracy"], "interval": list(res.accuracy_interval), "tpf": m["tpf"],
-                   "nfe": m["nfe_mean"], "edits": m["edits_per_token"], "remasks": m["remasks_per_token"], "vs": {}}
+                   "nfe": m["nfe_mean"], "edits": m["edits_per_token"], "remasks": m["remasks_per_token"],
+                   "indels": m["inserts_per_token"] + m["deletes_per_token"], "vs": {}}
             for ref in REFERENCES:
                 if ref in evals and ref != label:
                     row["vs"][ref] = compare_outcomes(evals[ref].records, res.records, n_boot=n_boot, seed=seed).to_dict()
@@ -121,12 +129,12 @@ def markdown(result: dict[str, Any]) -> str:
     lines = []
     for task, data in result["tasks"].items():
         lines += [f"**{task}** (n = {result['n']})", "",
-                  "| policy | accuracy [95 % Wilson] | TPF | NFE | edits/token | remasks/token | vs Q: accuracy, TPF | vs S: accuracy, TPF |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| policy | accuracy [95 % Wilson] | TPF | NFE | edits/token | remasks/token | ins+del/token | vs Q: accuracy, TPF | vs S: accuracy, TPF |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in data["rows"]:
             lo, hi = r["interval"]
             lines.append(f"| {r['policy']} | {r['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] | {r['tpf']:.2f} | {r['nfe']:.1f} | "
-                         f"{r['edits']:.3f} | {r['remasks']:.3f} | {_diff(r['vs'].get('Q'))} | {_diff(r['vs'].get('S'))} |")
+                         f"{r['edits']:.3f} | {r['remasks']:.3f} | {r.get('indels', 0.0):.3f} | {_diff(r['vs'].get('Q'))} | {_diff(r['vs'].get('S'))} |")
         lines.append("")
     lines += ["| claim | task | strategy | baseline | direction | accuracy diff | TPF diff | holds here? |",
               "|---|---|---|---|---|---|---|---|"]

@@ -23,6 +23,7 @@ from strategies import (  # noqa: F401  (imported to register)
     remask_none,
     remask_remdm,
     remask_t2m,
+    t2t_indel,
     t2t_margin,
     t2t_none,
     t2t_threshold,

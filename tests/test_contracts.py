@@ -7,7 +7,7 @@ from dlm_toolkit import EditRule, RemaskRule, StrategyConfig, UnmaskRule
 from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
 from dlm_toolkit.selection import top1
 from dlm_toolkit.testing import (BlockScheduleContract, DynamicBlockScheduleContract, EditRuleContract, RemaskRuleContract,
-                                 UnmaskRuleContract, VerifierContract)
+                                 IndelContract, UnmaskRuleContract, VerifierContract)
 
 # -- m2t -------------------------------------------------------------------------------------
 
@@ -298,6 +298,12 @@ def test_unregistered_subclass_keeps_its_own_identity():
 
 
 # -- m2t with a verification forward (dlm_toolkit.verify) -----------------------------------
+
+
+class TestIndel(IndelContract):  # t2t with insert/delete edits (dlm_toolkit.indel)
+    rule_factory = T2T.get("indel")
+    # the default, and one that repairs often on random contexts (so the checks see shifts)
+    configs = [{}, {"delete_threshold": 0.2, "insert_threshold": 0.2, "keep_below": 0.9, "indel_steps": 4}]
 
 
 class TestS2D2(VerifierContract):

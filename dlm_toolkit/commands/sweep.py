@@ -18,7 +18,7 @@ from dlm_toolkit.sweep.attrs import read_settings, trial_metrics, trial_plugin_h
 from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI
 # Metrics compared by `dlm replay`; wall time and tokens/s depend on the machine's load.
 DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token",
-                         "forward_tokens_per_token", "n")
+                         "forward_tokens_per_token", "inserts_per_token", "deletes_per_token", "n")
 TIMING_METRICS = ("tokens_per_second", "wall_time_s")
 
 

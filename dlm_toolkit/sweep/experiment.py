@@ -75,6 +75,8 @@ METRICS = (
     "edits_per_token",
     "remasks_per_token",
     "forward_tokens_per_token",
+    "inserts_per_token",
+    "deletes_per_token",
     "wall_time_s",
 )
 """Metrics of :func:`dlm_toolkit.evaluate.evaluate` that can be objectives."""

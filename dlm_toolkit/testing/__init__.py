@@ -7,10 +7,10 @@ from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits, table_logits
 
 __all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "HostSyncs", "ScriptedLM", "mixing_logits", "table_logits",
            "UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
-           "DynamicBlockScheduleContract", "VerifierContract"]
+           "DynamicBlockScheduleContract", "VerifierContract", "IndelContract"]
 
 _CONTRACTS = ("UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
-              "DynamicBlockScheduleContract", "VerifierContract")
+              "DynamicBlockScheduleContract", "VerifierContract", "IndelContract")
 
 
 def __getattr__(name: str):

@@ -29,15 +29,17 @@ draw random numbers.
 Import the suites from here; they are written in ``contracts_cases`` (random contexts),
 ``contracts_base`` (what every role is checked for), ``contracts_rules`` (M2T, T2T, remask) and
 ``contracts_blocks`` (block schedules), ``contracts_dynamic_blocks`` (schedules that move their own
-block), ``contracts_verify`` (M2T rules with a verification forward).
+block), ``contracts_verify`` (M2T rules with a verification forward), ``contracts_indel`` (T2T rules with
+insert/delete edits).
 """
 
 from dlm_toolkit.testing.contracts_base import _StrategyContract
 from dlm_toolkit.testing.contracts_blocks import BlockScheduleContract
 from dlm_toolkit.testing.contracts_dynamic_blocks import DynamicBlockScheduleContract
 from dlm_toolkit.testing.contracts_cases import STEPS, advance, build_context, random_case
+from dlm_toolkit.testing.contracts_indel import IndelContract
 from dlm_toolkit.testing.contracts_rules import EditRuleContract, RemaskRuleContract, UnmaskRuleContract, _RuleContract
 from dlm_toolkit.testing.contracts_verify import VerifierContract
 
-__all__ = ["UnmaskRuleContract", "VerifierContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
+__all__ = ["UnmaskRuleContract", "VerifierContract", "EditRuleContract", "IndelContract", "RemaskRuleContract", "BlockScheduleContract",
            "DynamicBlockScheduleContract", "random_case", "build_context"]
