@@ -51,6 +51,7 @@ from dlm_toolkit.state import COUNTERS, DecodeResult, DecodeState, row_seeds, va
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
 from dlm_toolkit.indel import indel_forwards, indel_of, indel_step, raise_indel_error
+from dlm_toolkit import shadow as shadow_block
 from dlm_toolkit.verify import check_model, forward_limit, verifier_of, verify_step
 
 
@@ -112,6 +113,7 @@ def decode(
         raise ConfigError(f"check_every: must be an integer in [1, 1024] (got {check_every!r})")
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
     check_model(policy, model.attention)
+    shadow_block.check_model(policy, model.attention)
     if not allow_past_context:
         origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
@@ -137,7 +139,8 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     state = DecodeState.start(padded, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size,
                               list(seeds) + [0] * (rows - n), model_device(model), round_width=mode != "eager")
     state.done[n:] = True
-    engine = StepEngine(model, blocks, state, cached, mode, trim=mode == "eager" and check_every == 1)
+    engine = StepEngine(model, blocks, state, cached, mode, trim=mode == "eager" and check_every == 1,
+                        shadow=shadow_block.shadow_rule(policy) is not None)
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     verifier = verifier_of(policy)  # an m2t rule that asks for a verification forward (dlm_toolkit.verify)
     indel = indel_of(policy)  # a t2t rule that also inserts/deletes positions (dlm_toolkit.indel)
@@ -156,6 +159,8 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             since_read += 1
             logits = engine.forward(live, lo, hi)  # (N, W, V)
             ctx = step_context(policy, state, live, lo, hi, logits)
+            if engine.shadow_logits is not None:  # a rule reads the shadow block (dlm_toolkit.shadow)
+                ctx.shadow_confidence = shadow_block.shadow_confidence(ctx, engine.shadow_logits, state)
             rules_step(ctx, state.memory)
             if verifier is not None:
                 verify_step(engine, verifier, ctx, policy.sampling.temperature)
@@ -223,8 +228,10 @@ class StepEngine:
     pattern and KV-cache writes, and the runner that executes the model (module docstring)."""
 
     def __init__(self, model: DiffusionLM, blocks: Any, state: DecodeState, cached: bool, mode: CaptureMode,
-                 trim: bool = False):
+                 trim: bool = False, shadow: bool = False):
         self.model, self.blocks, self.state, self.cached, self.mode = model, blocks, state, cached, mode
+        self.shadow = shadow  # append a shadow block to every step's forward (dlm_toolkit.shadow)
+        self.shadow_logits: torch.Tensor | None = None  # (N, block_length, V) of the last forward
         # Eager decodes that read the host every step have no capture to keep shapes for: each forward
         # then takes only the live rows, the cache columns some row has filled and (cache off) the
         # canvas up to the furthest window end: the same logits for every real query, with less work.
@@ -367,7 +374,7 @@ class StepEngine:
         ids = s.canvas.gather(1, pos)
         group = None if self.full else blocks.attention_groups(s, rows, pos)  # (N, T)
         allowed = self.pattern(pos, real, group)
-        run = self.runner(width)
+        seen = write = in_cache = cache_group = None
         if self.cached:
             assert s.cache_len is not None and group is not None
             boundary = blocks.cache_boundary(s, rows, lo, hi)
@@ -376,8 +383,17 @@ class StepEngine:
             seen = in_cache[:, None, :] & real[:, :, None] & (cache_group[:, None, :] <= group[:, :, None])
             if self.trim:  # only the columns some live row has filled
                 seen = seen[:, :, :self.needed]
-            args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), real & (pos < boundary[:, None]))
+            write = real & (pos < boundary[:, None])
             s.cache_len = torch.where(live, boundary, s.cache_len)
+        if self.shadow:  # WINO's shadow block after the window (dlm_toolkit.shadow)
+            assert group is not None
+            ids, pos, allowed, seen, write, shadow_real = shadow_block.add_shadow(
+                s, blocks, live, pos, real, group, ids, allowed, seen, write, self.canvas_pos, in_cache, cache_group)
+            real = torch.cat([real, shadow_real], 1)
+        run = self.runner(pos.shape[1])
+        if seen is not None:
+            assert write is not None
+            args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), write)
         else:
             args = (ids, pos, allowed)
         t0 = perf_counter()
@@ -389,6 +405,8 @@ class StepEngine:
         s.forward_calls += 1
         s.counts[:, FORWARD_TOKENS] += real.sum(1)
         w = self.window_width
+        if self.shadow:
+            self.shadow_logits = logits[:, width:]
         index = (hi[:, None] - w + torch.arange(w, device=s.device) - first).clamp(0, width - 1)
         return logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
 

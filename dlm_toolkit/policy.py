@@ -9,6 +9,7 @@ import torch
 from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
 from dlm_toolkit.indel import check_roles
+from dlm_toolkit.shadow import check_policy as check_shadow
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -49,6 +50,7 @@ class DecodingPolicy:
                 f"m2t rule '{self.m2t.name}' (a verification forward) needs a fixed block layout; block schedule "
                 f"'{self.blocks.name}' moves and resizes its block: use semi_ar or multi_block_edit with it")
         check_roles(self)  # insert/delete edits are a t2t option
+        check_shadow(self)  # a shadow block copies a fixed active block
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)

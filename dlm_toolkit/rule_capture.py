@@ -22,7 +22,9 @@ from dlm_toolkit.strategy import Selection, StepContext, Strategy
 CTX_TENSORS = ("rows", "positions", "tokens", "valid", "masked", "is_prompt", "in_block", "editable", "sampled",
                "confidence", "logits", "written_step", "written_conf", "step", "block", "block_step",
                "block_masked_start", "post", "live", "seeds", "probs")
-EARLIER = ("commit", "edit")  # selections a later rule of the step may read
+# set only in some steps or policies: selections a later rule of the step may read, the shadow block's
+# confidences (dlm_toolkit.shadow); passed when set, and which are set is part of the capture's key
+EARLIER = ("commit", "edit", "shadow_confidence")
 
 
 class RuleRunners:
@@ -51,12 +53,13 @@ class RuleRunners:
                 memory[rule.role] = out.memory
                 return out.select
             return out
-        earlier = tuple(getattr(ctx, name) for name in EARLIER if getattr(ctx, name) is not None)
-        key = ("rule", self.mode, rule.role, rule.name, rule.config.model_dump_json(), str(spec), len(earlier),
+        names = tuple(name for name in EARLIER if getattr(ctx, name) is not None)
+        earlier = tuple(getattr(ctx, name) for name in names)
+        key = ("rule", self.mode, rule.role, rule.name, rule.config.model_dump_json(), str(spec), names,
                ctx.draws, ctx.mask_token_id, ctx.eos_token_id, ctx.batch_rows)
         entry = self.store.get(key)
         if entry is None:
-            entry = self.store[key] = self._runner(rule, spec, len(earlier), ctx)
+            entry = self.store[key] = self._runner(rule, spec, names, ctx)
         runner, result = entry
         tensors = [ctx.probs if name == "probs" else getattr(ctx, name) for name in CTX_TENSORS]
         out = runner(*tensors, *earlier, *leaves)
@@ -65,12 +68,12 @@ class RuleRunners:
             memory[rule.role] = pytree.tree_unflatten(list(out[1:]), result["memory"])
         return out[0]
 
-    def _runner(self, rule: Strategy, spec: Any, n_earlier: int, ctx: StepContext) -> tuple[Any, dict[str, Any]]:
+    def _runner(self, rule: Strategy, spec: Any, names: tuple[str, ...], ctx: StepContext) -> tuple[Any, dict[str, Any]]:
         from dlm_toolkit.capture import StepRunner
 
         n = len(CTX_TENSORS)
         draws, mask_id, eos_id, batch_rows = ctx.draws, ctx.mask_token_id, ctx.eos_token_id, ctx.batch_rows
-        names = EARLIER[:n_earlier]
+        n_earlier = len(names)
         result: dict[str, Any] = {"draws": draws, "memory": None}  # filled while tracing/warming up
 
         def fn(*args: torch.Tensor) -> tuple[Any, ...]:

@@ -137,6 +137,9 @@ class StepContext:
     verified: torch.Tensor | None = None  # (B,) bool: rows that ran a verification forward (dlm_toolkit.verify)
     insert: torch.Tensor | None = None  # (B, W) bool: slots an insert edit put a mask before (dlm_toolkit.indel)
     delete: torch.Tensor | None = None  # (B, W) bool: slots whose token a delete edit removed (dlm_toolkit.indel)
+    # (B, W) float32: p(written token | its block without it), from the shadow block (dlm_toolkit.shadow);
+    # set only for a policy with a Shadow rule
+    shadow_confidence: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     draws: int = 0  # rand() calls so far this step: the draw index of the next one
 

@@ -33,6 +33,7 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "Q": ("llada2.1-q", {}),
     "S": ("llada2.1-s", {}),
     "WINO": ("llada2.1-q", {"m2t.name": "wino", "remask.name": "wino"}),
+    "WINO, shadow block": ("llada2.1-q", {"m2t.name": "wino", "remask.name": "wino_shadow"}),
     "DUS": ("llada2.1-q", {"m2t.name": "dus"}),
     "top-k, 5 steps": ("llada2.1-q", {"m2t.name": "topk", "m2t.params.steps_per_block": 5}),
     "PC-Sampler, 8 steps": ("llada2.1-q", {"m2t.name": "pc_sampler", "m2t.params.steps_per_block": 8}),
@@ -64,6 +65,7 @@ class Claim:
 
 CLAIMS = (
     Claim("WINO", "Q", "faster", "WINO (2507.18578): 6x fewer forwards on GSM8K, +2.58 % accuracy"),
+    Claim("WINO, shadow block", "Q", "faster", "WINO (2507.18578) as published, verified in the shadow block"),
     Claim("DUS", "top-k, 5 steps", "better", "DUS (2506.19037): beats confidence planners at the same forwards (log2 32 = 5)"),
     Claim("PC-Sampler, 8 steps", "top-k, 8 steps", "better", "PC-Sampler (2508.13021): beats confidence ranking at equal steps"),
     Claim("T2M", "Q", "better", "T2M (2604.18738): up to +5.92 on CMATH over LLaDA2.1"),

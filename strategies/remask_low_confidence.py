@@ -24,6 +24,10 @@ class LowConfidenceRemask(RemaskRule):
         threshold: float = Field(0.9, gt=0.0, le=1.0, description="re-mask iff p(current token) < threshold")
 
     def __call__(self, ctx: StepContext) -> torch.Tensor:
-        conf = ctx.token_confidence
+        conf = self.support(ctx)
         weak = remaskable(ctx) & (conf < self.config.threshold)
         return topk_per_row(-conf, weak, remask_budget(ctx))
+
+    def support(self, ctx: StepContext) -> torch.Tensor:
+        """(B, W) how much the model supports each written token now: ``ctx.token_confidence``."""
+        return ctx.token_confidence

@@ -13,10 +13,10 @@ Defaults: tau_1 = 0.6, tau_2 = 0.9, our reading of the paper's main LLaDA settin
 Choices where this toolkit differs from the paper (both noted so results are read correctly):
 
 * The paper verifies a drafted token with the token itself hidden, in a *shadow block* appended
-  to the same forward (an extra attention pattern). Here the verifying probability comes from the
-  same forward with the token visible (``ctx.token_confidence``), which is cheaper and more lenient
-  (a token tends to support itself). A faithful shadow-block verification needs the engine's
-  *verify forward* hook (issue 26, still to come).
+  to the same forward: ``remask: wino_shadow`` does that (:mod:`dlm_toolkit.shadow`: a masked
+  copy of the active block after the window, copy position i sees the block without x_i; no
+  extra NFE). ``remask: wino`` takes the probability from the same forward with the token visible
+  (``ctx.token_confidence``), which is cheaper and more lenient (a token tends to support itself).
 * Verification covers the written tokens of the active block that M2T did not commit in this
   very step (the contract: ``remaskable``), which in a block without edits are exactly WINO's
   earlier drafts.
@@ -29,7 +29,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from dlm_toolkit import M2T, REMASK
+import torch
+
+from dlm_toolkit import M2T, REMASK, StepContext, StrategyError
+from dlm_toolkit.shadow import Shadow
 from strategies.m2t_threshold import ThresholdUnmask
 from strategies.remask_low_confidence import LowConfidenceRemask
 
@@ -48,3 +51,15 @@ class WinoNarrowOut(LowConfidenceRemask):
 
     class Config(LowConfidenceRemask.Config):
         threshold: float = Field(0.9, gt=0.0, le=1.0, description="tau_2: re-mask iff p(drafted token) < tau_2 (narrow-out)")
+
+
+@REMASK.register("wino_shadow")
+class WinoShadowNarrowOut(WinoNarrowOut, Shadow):
+    """Narrow-out as the paper verifies it: re-mask earlier drafts whose probability *with the draft
+    itself hidden* (the shadow block, ``ctx.shadow_confidence``) is < tau_2."""
+
+    def support(self, ctx: StepContext) -> torch.Tensor:
+        if ctx.shadow_confidence is None:  # a context built by hand, or a policy that bypassed the engine
+            raise StrategyError(f"remask rule '{self.name}' reads ctx.shadow_confidence, which only the decode "
+                                "engine fills (dlm_toolkit.shadow); pass shadow_confidence= to make_context")
+        return ctx.shadow_confidence

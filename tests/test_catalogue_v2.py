@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 import torch
 
+from dlm_toolkit import DecodingPolicy
 from dlm_toolkit.decode import decode
 from dlm_toolkit.registry import M2T, REMASK
 from dlm_toolkit.testing import make_context
@@ -333,6 +334,24 @@ def test_catalogue_sweep_offers_every_builtin_rule():
         builtin = {e.name for e in REGISTRIES[role].entries() if e.source == "built-in"}
         offered = set(space[f"{role}.name"]["categorical"])
         assert builtin == offered, f"experiments/catalogue.yaml {role}.name: missing {sorted(builtin - offered)}"
+
+
+def test_every_rule_combination_the_catalogue_space_allows_builds_a_policy():
+    """No trial of the catalogue sweep can draw a pairing the policy refuses (s2d2 or wino_shadow with a
+    dynamic block schedule): every combination of the role names its conditions allow is built."""
+    import itertools
+
+    from dlm_toolkit.sweep.space import ParamSpec
+
+    space = catalogue_yaml()["search_space"]
+    names = [k for k in space if k.endswith(".name")]
+    built = 0
+    for combo in itertools.product(*(space[k]["categorical"] for k in names)):
+        values = dict(zip(names, combo))
+        active = {k: v for k, v in values.items() if ParamSpec.model_validate(space[k]).active(values)}
+        DecodingPolicy("llada2.1-q", **active)
+        built += 1
+    assert built > 500
 
 
 def test_catalogue_sweep_runs(tmp_path):

@@ -126,6 +126,11 @@ class TestWinoNarrowOut(RemaskRuleContract):
     configs = [{}, {"threshold": 0.5}]
 
 
+class TestWinoShadowNarrowOut(RemaskRuleContract):  # reads ctx.shadow_confidence (the cases carry one)
+    rule_factory = REMASK.get("wino_shadow")
+    configs = [{}, {"threshold": 0.5}]
+
+
 class TestT2MRemask(RemaskRuleContract):
     rule_factory = REMASK.get("t2m")
     configs = [{}, {"drop": 1.0, "floor": 1.0, "min_age": 0}]

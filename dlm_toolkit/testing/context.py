@@ -31,6 +31,7 @@ def make_context(
     seed: int | Sequence[int] = 0,
     sampling: SamplingConfig | None = None,
     memory: dict[str, Any] | None = None,
+    shadow_confidence: torch.Tensor | None = None,
 ) -> StepContext:
     """A context over a window starting at position 0, built by the engine's own
     :meth:`StepContext.build` (greedy sampling from ``logits`` unless ``sampling`` says otherwise).
@@ -47,6 +48,8 @@ def make_context(
         rows: batch row ids of the context rows (default ``0..B-1``).
         batch_rows: rows in the whole decode batch (default ``max(rows) + 1``).
         seed: the rows' random streams: an int (row r gets ``row_seed(seed, r)``) or one seed per row.
+        shadow_confidence: ``(B, W)`` what the engine's shadow block would give (:mod:`dlm_toolkit.shadow`;
+            default unset, as in a policy without a shadow rule).
     """
     b, w = tokens.shape
     device = tokens.device
@@ -82,6 +85,7 @@ def make_context(
     )
     if not torch.equal(ctx.in_block, in_block):
         raise ValueError("in_block must be one interval of positions per row (the active block)")
+    ctx.shadow_confidence = shadow_confidence
     if editable_region is not None:
         ctx.editable = ctx.editable & editable_region
     else:

@@ -72,11 +72,13 @@ def random_case(seed: int) -> dict[str, Any]:
         step=step,
         written_step=torch.where(written, (torch.rand(b, w, generator=tg) * step[:, None]).long(), -1),
         written_conf=torch.where(written, torch.rand(b, w, generator=tg), 0.0),
+        # as the engine's shadow block gives it (dlm_toolkit.shadow): written tokens of the active block
+        shadow_confidence=torch.where(written & in_block, torch.rand(b, w, generator=tg), 0.0),
     )
 
 
 PER_ROW = ("tokens", "logits", "valid", "prompt_len", "in_block", "editable_region", "block_step",
-           "block_masked_start", "step", "written_step", "written_conf")
+           "block_masked_start", "step", "written_step", "written_conf", "shadow_confidence")
 
 
 def build_context(case: Mapping[str, Any], rows: Sequence[int] | None = None, *, seed: int = 0,
