@@ -12,7 +12,8 @@ then writes all three at once and lets the block schedule react. An M2T rule tha
 :class:`~dlm_toolkit.verify.Verifier` gets one more forward over its draft before the write
 (a verification forward) and decides from it which drafted writes to keep. A T2T rule that also
 subclasses :class:`~dlm_toolkit.indel.Indel` may insert masks into, and delete tokens from, the
-active block after the write (the block's content shifts).
+active block after the write (the block's content shifts). A rule that subclasses
+:class:`~dlm_toolkit.shadow.Shadow` gets ``ctx.shadow_confidence`` (WINO's shadow block).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ class StepContext:
                                                 invalid; nothing is written for them)
     ``seeds``               (B,)       long     each row's random key: draw with :meth:`rand`,
                                                 never from a global generator
+    ``shadow_confidence``   (B, W)     float32  probability of each written token of the active
+                                                block with itself hidden (only for a policy with
+                                                a :class:`~dlm_toolkit.shadow.Shadow` rule; else None)
     ``memory``              --         --       ``{role: value}`` returned by rules last step
     ``batch_rows``          int        --       rows in the whole decode batch (N >= B)
     ======================  =========  =======  =================================================

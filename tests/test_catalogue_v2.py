@@ -293,6 +293,14 @@ CASES = {
 }
 
 
+def random_problem(seed: int) -> tuple[Callable, list[int], int]:
+    """(logits function, prompt, generation length) of one reference comparison: a mixing model, where
+    written tokens sway their neighbours, a prompt of 1-11 tokens, 6-20 tokens to generate."""
+    rng = random.Random(seed)
+    fn = mixing_logits(VOCAB, seed=seed, scale=0.5, mix=4.0)
+    return fn, [rng.randrange(0, EOS) for _ in range(rng.randint(1, 11))], rng.randint(6, 20)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_decode_matches_the_plain_loop_reference(name):
     roles, commit, remask = CASES[name]
@@ -301,10 +309,7 @@ def test_decode_matches_the_plain_loop_reference(name):
               "blocks": {"name": "semi_ar", "params": {"block_length": block, "max_post_steps": 0, "eos_early_stop": False}}}
     extra = remasked = 0
     for seed in range(4):
-        rng = random.Random(seed)
-        fn = mixing_logits(VOCAB, seed=seed, scale=0.5, mix=4.0)  # written tokens sway their neighbours
-        prompt = [rng.randrange(0, EOS) for _ in range(rng.randint(1, 11))]
-        gen = rng.randint(6, 20)
+        fn, prompt, gen = random_problem(seed)
         canvas, nfe, n_remasks = reference_decode(fn, prompt, gen, block, commit, remask)
         res = decode(ScriptedLM(fn, VOCAB, MASK, EOS), [prompt], policy, gen, seed=seed)
         assert res.canvas[0].tolist() == canvas, f"{name} seed {seed}: tokens differ from the reference loop"

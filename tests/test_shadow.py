@@ -6,7 +6,6 @@ the shadow; cache on = off; batch = alone; captured = eager; refusals name the r
 from __future__ import annotations
 
 import importlib
-import random
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ import torch
 from dlm_toolkit import REMASK, ConfigError, DecodingPolicy, StrategyError, decode
 from dlm_toolkit.state import row_seed
 from dlm_toolkit.testing import ScriptedLM, make_context, mixing_logits, tiny_llada2
-
-VOCAB, MASK, EOS = 24, 23, 22
+from test_catalogue_v2 import EOS, MASK, VOCAB, random_problem
 decode_module = importlib.import_module("dlm_toolkit.decode")
 
 
@@ -76,10 +74,7 @@ def test_decode_matches_the_plain_loop_reference(tau1, tau2):
     block = 8
     remasked = 0
     for seed in range(5):
-        rng = random.Random(seed)
-        fn = mixing_logits(VOCAB, seed=seed, scale=0.5, mix=4.0)  # written tokens sway their neighbours
-        prompt = [rng.randrange(0, EOS) for _ in range(rng.randint(1, 11))]
-        gen = rng.randint(6, 20)
+        fn, prompt, gen = random_problem(seed)
         canvas, nfe, n_remasks = reference_wino_shadow(fn, prompt, gen, block, tau1, tau2)
         res = decode(ScriptedLM(fn, VOCAB, MASK, EOS), [prompt], wino(block, tau1, tau2), gen, seed=seed)
         assert res.canvas[0].tolist() == canvas, f"seed {seed}: tokens differ from the reference loop"
