@@ -38,7 +38,7 @@ editing), which is what the per-step forward left in the cache.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,7 +48,7 @@ from dlm_toolkit.state import COUNTERS
 from dlm_toolkit.strategy import StepContext
 
 if TYPE_CHECKING:
-    from dlm_toolkit.decode import StepEngine
+    from dlm_toolkit.engine import StepEngine
     from dlm_toolkit.policy import DecodingPolicy
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
