@@ -225,7 +225,7 @@ class StepEngine:
         if self.shadow:  # WINO's shadow block after the window (dlm_toolkit.shadow)
             assert group is not None
             ids, pos, allowed, seen, write, shadow_real = shadow_block.add_shadow(
-                s, blocks, live, pos, real, group, ids, allowed, seen, write, self.canvas_pos, in_cache, cache_group)
+                s, blocks, live, pos, real, group, ids, allowed, seen, write, in_cache, cache_group)
             real = torch.cat([real, shadow_real], 1)
         run = self.runner(pos.shape[1])
         if seen is not None:

@@ -75,8 +75,7 @@ def check_model(policy: DecodingPolicy, attention: str) -> None:
 
 def add_shadow(state: DecodeState, blocks: object, live: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
                group: torch.Tensor, ids: torch.Tensor, allowed: torch.Tensor, seen: torch.Tensor | None,
-               write: torch.Tensor | None, cache_pos: torch.Tensor, in_cache: torch.Tensor | None,
-               cache_group: torch.Tensor | None
+               write: torch.Tensor | None, in_cache: torch.Tensor | None, cache_group: torch.Tensor | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """The forward's inputs with the shadow block appended: ``(ids, pos, allowed, seen, write,
     shadow_real)`` (module docstring). ``pos`` / ``real`` / ``group`` (N, T): the window's absolute
