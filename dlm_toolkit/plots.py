@@ -10,7 +10,9 @@ from dlm_toolkit.trajectory import Trajectory
 
 def plot_trajectory(trajectory: Trajectory, row: int = 0, ax: Any = None, block_length: int | None = None, title: str | None = None) -> Any:
     """Which position was committed (dot), edited (cross) or remasked (triangle) at which forward,
-    coloured by the confidence of the written token; post steps are shaded.
+    coloured by the confidence of the written token; post steps are shaded. Insert/delete edits
+    (:mod:`dlm_toolkit.indel`) are a plus (a mask put before the position) and a diamond (the
+    token there deleted), at the positions before the shift.
 
     Returns the matplotlib ``Figure``.
     """
@@ -26,7 +28,8 @@ def plot_trajectory(trajectory: Trajectory, row: int = 0, ax: Any = None, block_
         conf = dict(zip(s.positions, s.confidence))
         if s.post:
             ax.axvspan(i - 0.5, i + 0.5, color="0.92", zorder=0)
-        for positions, marker, size in ((s.commit, "o", 18), (s.edit, "x", 30), (s.remask, "v", 24)):
+        for positions, marker, size in ((s.commit, "o", 18), (s.edit, "x", 30), (s.remask, "v", 24),
+                                        (s.insert, "P", 40), (s.delete, "D", 26)):
             if positions:
                 ax.scatter([i] * len(positions), positions, c=[conf[p] for p in positions], cmap=cmap,
                            vmin=0, vmax=1, marker=marker, s=size, zorder=2)
@@ -38,7 +41,9 @@ def plot_trajectory(trajectory: Trajectory, row: int = 0, ax: Any = None, block_
     ax.invert_yaxis()
     ax.set_xlabel("forward (NFE)")
     ax.set_ylabel("canvas position")
-    ax.set_title(title or f"row {row}: o commit (M2T)  x edit (T2T)  v remask  grey = post step", fontsize=10)
+    shifts = any(st.insert or st.delete for st in steps)
+    legend = "o commit (M2T)  x edit (T2T)  v remask" + ("  + insert  ◆ delete" if shifts else "")
+    ax.set_title(title or f"row {row}: {legend}  grey = post step", fontsize=10)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, 1))
     fig.colorbar(sm, ax=ax, label="confidence")
     fig.tight_layout()

@@ -19,12 +19,17 @@ Per step (greedy arithmetic on the forward's probabilities, whatever the samplin
   part of the active block, only in the block's first ``indel_steps`` forwards:
 
   - **delete** the token at ``j`` (a stutter: the sequence should shift left) when the model's
-    argmax at ``j`` is the token now at ``j+1`` with probability > ``delete_threshold`` and the
-    token at ``j`` has probability < ``keep_below``;
+    argmax at ``j`` is the token now at ``j+1``, not the one at ``j``, with probability >
+    ``delete_threshold``, and the token at ``j`` has probability < ``keep_below``;
   - **insert** a mask before ``j`` (a gap: the sequence should shift right) when the model's argmax
-    at ``j+1`` is the token now at ``j`` with probability > ``insert_threshold``, the token at ``j``
-    has probability < ``keep_below``, and the block's last slot holds a mask after the step's write
-    (it absorbs the shift, so the rule never pushes a token out of the block).
+    at ``j+1`` is the token now at ``j``, not the one at ``j+1``, with probability >
+    ``insert_threshold``, the token at ``j`` has probability < ``keep_below``, and the block's last
+    slot holds a mask after the step's write (it absorbs the shift, so the rule never pushes a token
+    out of the block).
+
+  "Not the one at j" matters where a token repeats (``x x``, which the model may want): without it a
+  ``keep_below`` above the thresholds would delete a doubled token the model agrees with, then the
+  step refills the block's end and the next step deletes it again.
 
 Our decisions where the issue leaves them open: one repair per row and step (after a shift every
 later position has new neighbours; the next forward judges the next repair); deletes first, then
@@ -84,10 +89,13 @@ class IndelEdit(ThresholdEdit, Indel):
         best_p, best = ctx.probs.max(-1)
         doubt = ctx.token_confidence[:, :-1] < cfg.keep_below
         tokens = ctx.tokens
-        delete = pair & doubt & (best[:, :-1] == tokens[:, 1:]) & (best_p[:, :-1] > cfg.delete_threshold)
+        # the model wants another token at j, the one now at j+1 (so a repeated token it agrees with stays)
+        delete = (pair & doubt & (best[:, :-1] == tokens[:, 1:]) & (best[:, :-1] != tokens[:, :-1])
+                  & (best_p[:, :-1] > cfg.delete_threshold))
         last = region & ~torch.cat([region[:, 1:], torch.zeros_like(region[:, :1])], 1)
         room = (last & (after == ctx.mask_token_id)).any(1, keepdim=True)
-        insert = pair & doubt & room & (best[:, 1:] == tokens[:, :-1]) & (best_p[:, 1:] > cfg.insert_threshold)
+        insert = (pair & doubt & room & (best[:, 1:] == tokens[:, :-1]) & (best[:, 1:] != tokens[:, 1:])
+                  & (best_p[:, 1:] > cfg.insert_threshold))
         pad = torch.zeros_like(region[:, :1])
         delete, insert = torch.cat([delete, pad], 1), torch.cat([insert, pad], 1)
         score_d = torch.cat([best_p[:, :-1], best_p.new_zeros(best_p.shape[0], 1)], 1)

@@ -257,6 +257,27 @@ def test_a_gap_gets_a_mask_inserted_and_filled():
     assert steps[1].commit == [9] and steps[1].edit == [] and steps[1].block_after == [A, m, C, D, X, m]
 
 
+def test_a_repeated_token_the_model_agrees_with_is_kept():
+    """``a b b c`` where the model wants exactly that, doubting the first ``b`` a little (0.6 < keep_below
+    0.9, above both thresholds): its argmax at the first ``b`` is the next token, ``b``, but also the token
+    already there, so nothing is deleted (and no insert before the second ``b`` either)."""
+    m = MASK
+    want = [(A, 0.99), (B_, 0.6), (B_, 0.6), (C, 0.99)]
+    table = {(m, m, m, m): want, (A, B_, B_, C): want}
+    seen: list[tuple] = []
+    loose = {"delete_threshold": 0.5, "insert_threshold": 0.5, "keep_below": 0.9}
+    res = decode(lookup_model(table, 4, 8, seen), [[8, 9, 10, 11]], policy(preset="llada2.1-s", **loose), 4)
+    assert seen == [(m, m, m, m), (A, B_, B_, C)] and res.tokens == [[A, B_, B_, C]]
+    assert (res.rows[0].deletes, res.rows[0].inserts) == (0, 0)
+    # the same with room for an insert (the block's last slot still masked): nothing inserted either
+    want = [(A, 0.99), (B_, 0.6), (B_, 0.6), (C, 0.99), (D, 0.3), (E, 0.2)]
+    table = {(m,) * 6: want, (A, B_, B_, C, m, m): want, (A, B_, B_, C, D, m): want, (A, B_, B_, C, D, E): want}
+    seen.clear()
+    res = decode(lookup_model(table, 6, 12, seen), [[8, 9, 10, 11, 12, 13]], policy(block_length=6, preset="llada2.1-s", **loose), 6)
+    assert seen == list(table) and res.tokens == [[A, B_, B_, C, D, E]]
+    assert (res.rows[0].deletes, res.rows[0].inserts) == (0, 0)
+
+
 # -- the rule against a loop over positions ----------------------------------------------------------
 def reference_repairs(ctx, cfg, changed, after) -> tuple[set, set]:
     """``(insert slots, delete slots)`` of the rule (strategies/t2t_indel.py), written as loops."""
@@ -278,9 +299,9 @@ def reference_repairs(ctx, cfg, changed, after) -> tuple[set, set]:
         for j in range(w - 1):
             if not (still[j] and still[j + 1] and conf[j] < cfg.keep_below):
                 continue
-            if best[j] == tok[j + 1] and best_p[j] > cfg.delete_threshold:
+            if best[j] == tok[j + 1] != tok[j] and best_p[j] > cfg.delete_threshold:
                 deletes.append((best_p[j], -j, j))
-            if room and best[j + 1] == tok[j] and best_p[j + 1] > cfg.insert_threshold:
+            if room and best[j + 1] == tok[j] != tok[j + 1] and best_p[j + 1] > cfg.insert_threshold:
                 inserts.append((best_p[j + 1], -j, j))
         if deletes:
             dels.add((b, max(deletes)[2]))
@@ -342,12 +363,30 @@ def test_counters_follow_the_trajectory_and_block_masked_stays_exact(monkeypatch
     assert summary["deletes_per_token"] == pytest.approx(sum(r.deletes for r in res.rows) / gen)
 
 
+def shifting_model() -> ScriptedLM:
+    """A model that always wants the next written token one place to the left (whatever it is shown),
+    else a token of its own per position: a delete rule sees a stutter at every step, forever."""
+
+    def fn(ids, pos, attn):
+        out = torch.zeros(*ids.shape, V)
+        nxt = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], MASK)], 1)
+        own = pos % 10
+        target = torch.where((nxt != MASK) & (nxt != ids), nxt, own)
+        out.scatter_(-1, target[..., None], 5.0)
+        out[..., MASK] = -torch.inf
+        return out
+
+    return ScriptedLM(fn, V, MASK, EOS)
+
+
 def test_deletes_every_step_stay_within_the_forward_bound():
-    """A rule that deletes whenever it may (any stutter, any confidence) still finishes: its deletes stop
-    after ``indel_steps`` forwards of a block, within the bound the engine adds for them."""
+    """A rule that deletes whenever it may (any stutter, any confidence), on a model that shows it a
+    stutter at every step, still finishes: its deletes stop after ``indel_steps`` forwards of a block,
+    within the bound the engine adds for them."""
     greedy = {"delete_threshold": 0.0, "insert_threshold": 0.0, "keep_below": 1.0, "indel_steps": 6}
-    res = decode(tiny_llada2(seed=0), [[1, 2, 3], [4]], policy(**greedy), 8)
-    assert all(r.deletes > 0 for r in res.rows) and all(63 not in r.tokens for r in res.rows)
+    res = decode(shifting_model(), [[1, 2, 3], [4]], policy(**greedy), 8)
+    assert all(r.deletes >= 6 for r in res.rows), [r.deletes for r in res.rows]  # one per forward while allowed
+    assert all(MASK not in r.tokens for r in res.rows)
 
 
 @pytest.mark.parametrize("preset", ["llada2.1-q", "llada2.1-s"])

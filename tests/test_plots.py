@@ -16,6 +16,21 @@ def test_trajectory_plot_draws_every_commit_and_edit(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
+def test_trajectory_plot_draws_inserts_and_deletes():
+    from dlm_toolkit.state import row_seed
+
+    eager = {"t2t.name": "indel", "t2t.params.delete_threshold": 0.3, "t2t.params.insert_threshold": 0.3,
+             "t2t.params.keep_below": 0.95, "blocks.params.block_length": 4}
+    res = decode(tiny_llada2(seed=1), [[5, 6, 7]], DecodingPolicy("llada2.1-q", **eager), 12, record=True,
+                 seed=[row_seed(0, 0)])
+    row = res.rows[0]
+    assert row.inserts + row.deletes > 0, "nothing inserted or deleted: the test checks nothing"
+    ax = plot_trajectory(res.trajectory, block_length=4).axes[0]
+    points = sum(len(c.get_offsets()) for c in ax.collections if hasattr(c, "get_offsets"))
+    assert points == row.commits + row.edits + row.remasks + row.inserts + row.deletes
+    assert "delete" in ax.get_title()
+
+
 def _summary(points, presets):
     from dlm_toolkit.sweep.pareto import ParetoSummary, non_dominated
 

@@ -122,6 +122,8 @@ def test_cache_on_equals_off_batch_equals_alone(testbed):
     off = decode(model, prompts, wino_on_testbed(), gen, kv_cache=False, seed=2)
     assert sum(r.remasks for r in on.rows) > 0, "nothing re-masked: the test checks nothing"
     assert on.tokens == off.tokens and [r.remasks for r in on.rows] == [r.remasks for r in off.rows]
+    batched = decode(model, prompts, wino_on_testbed(), gen, kv_cache=True, seed=2, check_every=3)  # full-width forwards
+    assert batched.tokens == on.tokens and [r.nfe for r in batched.rows] == [r.nfe for r in on.rows]
     for i in (0, 3):
         alone = decode(model, [prompts[i]], wino_on_testbed(), gen, kv_cache=True, seed=[row_seed(2, i)])
         assert alone.tokens[0] == on.tokens[i] and alone.rows[0].remasks == on.rows[i].remasks
