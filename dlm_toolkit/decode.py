@@ -27,7 +27,7 @@ from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
-from dlm_toolkit.indel import indel_forwards, indel_of, indel_step
+from dlm_toolkit.indel import indel_forwards, indel_of, indel_step, written_window
 from dlm_toolkit import shadow as shadow_block
 from dlm_toolkit.verify import check_model, forward_limit, verifier_of, verify_step
 
@@ -240,7 +240,7 @@ def write(state: DecodeState, ctx: StepContext) -> None:
     at_pos, same = window_slots(ctx, state.canvas.shape[1])
     at = (rows[:, None], at_pos)
     wrote = ctx.commit | ctx.edit
-    state.canvas[at] = torch.where(ctx.remask, state.mask_token_id, torch.where(wrote, ctx.sampled, ctx.tokens)).gather(1, same)
+    state.canvas[at] = written_window(ctx).gather(1, same)
     step = state.nfe[rows, None]
     state.written_step[at] = torch.where(ctx.remask, -1, torch.where(wrote, step, ctx.written_step)).gather(1, same)
     state.written_conf[at] = torch.where(ctx.remask, 0.0, torch.where(wrote, ctx.confidence, ctx.written_conf)).gather(1, same)

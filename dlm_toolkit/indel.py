@@ -113,9 +113,14 @@ def indel_region(ctx: StepContext) -> torch.Tensor:
     return ctx.valid & ctx.in_block & ~ctx.is_prompt & ctx.live[:, None]
 
 
+def region_end(region: torch.Tensor) -> torch.Tensor:
+    """(B, W) bool: the last slot of each row's ``region`` (one contiguous run of slots per row)."""
+    return region & ~torch.cat([region[:, 1:], torch.zeros_like(region[:, :1])], 1)
+
+
 def written_window(ctx: StepContext) -> torch.Tensor:
-    """(B, W) long: the window's tokens as this step's write left them (commits and edits written,
-    remasks applied); ``ctx.tokens`` are the tokens before the step."""
+    """(B, W) long: the window's tokens as this step's write leaves them (commits and edits written,
+    remasks applied; the engine's write stores exactly this); ``ctx.tokens`` are the tokens before the step."""
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
     wrote = torch.where(ctx.commit | ctx.edit, ctx.sampled, ctx.tokens)
     return wrote.masked_fill(ctx.remask, ctx.mask_token_id)
@@ -205,7 +210,7 @@ def flag(state: DecodeState, ctx: StepContext, bad_insert: torch.Tensor, bad_del
     kind = torch.where(bad_insert.any(1), BAD_INSERT,
                        torch.where(bad_delete.any(1), BAD_DELETE, torch.where(overflow, OVERFLOW, 0)))
     # the position: the first slot selected outside, or the region's last slot (what falls off)
-    last = region & ~torch.cat([region[:, 1:], torch.zeros_like(region[:, :1])], 1)
+    last = region_end(region)
     where = torch.where((kind == BAD_INSERT)[:, None], bad_insert, torch.where((kind == BAD_DELETE)[:, None], bad_delete, last))
     position = ctx.positions.gather(1, where.long().argmax(1, keepdim=True))[:, 0]
     lo, hi = state.block_bounds(ctx.rows)

@@ -9,7 +9,7 @@ import torch
 from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
 from dlm_toolkit.indel import check_roles
-from dlm_toolkit.shadow import check_policy as check_shadow
+from dlm_toolkit.shadow import shadow_rule
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -43,14 +43,17 @@ class DecodingPolicy:
         self.blocks: BlockSchedule = self._build("blocks")
         self.remask: RemaskRule = self._build("remask")
         self.sampling: SamplingConfig = self.config.sampling
-        if isinstance(self.m2t, Verifier) and isinstance(self.blocks, DynamicBlockSchedule):
-            # the verification forward copies the block of length block_length starting at the block's
-            # start and assumes the cache ends at the window start: a block that moves and grows breaks both
-            raise ConfigError(
-                f"m2t rule '{self.m2t.name}' (a verification forward) needs a fixed block layout; block schedule "
-                f"'{self.blocks.name}' moves and resizes its block: use semi_ar or multi_block_edit with it")
+        # a verification forward and a shadow block copy the block of length block_length starting at the
+        # block's start (the verification forward also assumes the cache ends at the window start): a
+        # block that moves and grows breaks both
+        shadow = shadow_rule(self)
+        copies_block = (f"m2t rule '{self.m2t.name}' (a verification forward)" if isinstance(self.m2t, Verifier) else None,
+                        f"{shadow} (a shadow block)" if shadow else None)
+        for who in copies_block:
+            if who and isinstance(self.blocks, DynamicBlockSchedule):
+                raise ConfigError(f"{who} needs a fixed block layout; block schedule '{self.blocks.name}' moves and "
+                                  "resizes its block: use semi_ar or multi_block_edit with it")
         check_roles(self)  # insert/delete edits are a t2t option
-        check_shadow(self)  # a shadow block copies a fixed active block
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)

@@ -20,9 +20,10 @@ probability of the token there before the step (softmax of the raw logits, as
 ``ctx.token_confidence``); 0 elsewhere. The shadow is part of the same forward: no NFE is added,
 ``forward_tokens`` counts its positions (the compute it costs).
 
-Limits: block-causal models only (a full-attention model has no block group to copy), and fixed
-block layouts (a dynamic schedule's block moves and resizes); both refused with one message naming
-the rule. Host reads: none.
+Limits: block-causal models only (a full-attention model has no block group to copy, refused by
+:func:`check_model`), and fixed block layouts (a dynamic schedule's block moves and resizes, refused
+when the policy is built, as for a verification forward); both with one message naming the rule.
+Host reads: none.
 """
 
 from __future__ import annotations
@@ -53,16 +54,6 @@ def shadow_rule(policy: DecodingPolicy) -> str | None:
         if isinstance(rule, Shadow):
             return f"{role} rule '{rule.name}'"
     return None
-
-
-def check_policy(policy: DecodingPolicy) -> None:
-    """Refuse a shadow rule with a block schedule that moves its block (called when a policy is built)."""
-    from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
-
-    who = shadow_rule(policy)
-    if who is not None and isinstance(policy.blocks, DynamicBlockSchedule):
-        raise ConfigError(f"{who} reads a shadow block, a copy of a fixed active block; block schedule "
-                          f"'{policy.blocks.name}' moves and resizes its block: use semi_ar or multi_block_edit with it")
 
 
 def check_model(policy: DecodingPolicy, attention: str) -> None:

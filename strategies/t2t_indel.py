@@ -45,7 +45,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import T2T, StepContext
-from dlm_toolkit.indel import Indel, indel_region, written_window
+from dlm_toolkit.indel import Indel, indel_region, region_end, written_window
 from dlm_toolkit.selection import top1
 from strategies.t2t_threshold import ThresholdEdit
 
@@ -92,8 +92,7 @@ class IndelEdit(ThresholdEdit, Indel):
         # the model wants another token at j, the one now at j+1 (so a repeated token it agrees with stays)
         delete = (pair & doubt & (best[:, :-1] == tokens[:, 1:]) & (best[:, :-1] != tokens[:, :-1])
                   & (best_p[:, :-1] > cfg.delete_threshold))
-        last = region & ~torch.cat([region[:, 1:], torch.zeros_like(region[:, :1])], 1)
-        room = (last & (after == ctx.mask_token_id)).any(1, keepdim=True)
+        room = (region_end(region) & (after == ctx.mask_token_id)).any(1, keepdim=True)
         insert = (pair & doubt & room & (best[:, 1:] == tokens[:, :-1]) & (best[:, 1:] != tokens[:, 1:])
                   & (best_p[:, 1:] > cfg.insert_threshold))
         pad = torch.zeros_like(region[:, :1])
