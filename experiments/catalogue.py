@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dlm_toolkit.evaluate import EvalResult, evaluate, load_checkpoint
+from dlm_toolkit.files import atomic_write_many
 from dlm_toolkit.policy_config import load_policy
 from dlm_toolkit.stats import PairedComparison, compare_outcomes
 
@@ -173,7 +174,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
         fig.tight_layout()
         place_labels(ax, [(r["tpf"], r["accuracy"], r["policy"], {"fontsize": 8}) for r in rows],
                      [(r["tpf"], r["accuracy"]) for r in rows])
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # format: the path may be a temporary name (see save)
     plt.close(fig)
 
 
@@ -192,8 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out is None or not (args.out / "catalogue.json").is_file():
             ap.error("--redraw: needs --out holding a catalogue.json")
         result = json.loads((args.out / "catalogue.json").read_text())
-        (args.out / "catalogue.md").write_text(markdown(result))
-        chart(result, args.out / "catalogue.png")
+        save(args.out, result, with_json=False)
         return 0
     if args.n < 1:
         ap.error(f"--n: must be >= 1 (got {args.n})")
@@ -207,10 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"`{result['command']}` (seed {args.seed}, 1 thread, {result['seconds']:.0f} s)\n\n{text}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "catalogue.md").write_text(text)
-        (args.out / "catalogue.json").write_text(json.dumps(result, indent=1))
-        chart(result, args.out / "catalogue.png")
+        save(args.out, result)
     return 0
+
+
+def save(out: Path, result: dict[str, Any], with_json: bool = True) -> None:
+    """Write the table (and the result as JSON) and the chart into ``out``, all or nothing: each goes to
+    a temporary name and none is renamed into place before all are complete (a failed chart leaves the
+    previous files)."""
+    writers = {"catalogue.md": lambda tmp: tmp.write_text(markdown(result))}
+    if with_json:
+        writers["catalogue.json"] = lambda tmp: tmp.write_text(json.dumps(result, indent=1))
+    writers["catalogue.png"] = lambda tmp: chart(result, tmp)
+    atomic_write_many(out, writers)
 
 
 if __name__ == "__main__":

@@ -447,6 +447,24 @@ def test_catalogue_table_at_small_size(tmp_path, capsys):
     assert (tmp_path / "catalogue.png").is_file() and (tmp_path / "catalogue.md").read_text() in printed
 
 
+
+def test_catalogue_files_are_replaced_all_or_nothing(tmp_path, monkeypatch):
+    """A chart that fails leaves the previous table in place and no temporary file behind."""
+    cat = load_catalogue_script()
+    result = {"n": 1, "seed": 0, "tasks": {}}
+    (tmp_path / "catalogue.json").write_text(json.dumps(result))
+    (tmp_path / "catalogue.md").write_text("previous table")
+
+    def broken_chart(result, path):
+        raise RuntimeError("no chart")
+
+    monkeypatch.setattr(cat, "chart", broken_chart)
+    with pytest.raises(RuntimeError, match="no chart"):
+        cat.main(["unused", "--out", str(tmp_path), "--redraw"])
+    assert (tmp_path / "catalogue.md").read_text() == "previous table"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["catalogue.json", "catalogue.md"]
+
+
 # -- learned policy --------------------------------------------------------------------------------
 
 

@@ -168,3 +168,18 @@ def test_the_rule_reads_the_shadow_not_the_visible_token():
     ctx.edit = torch.zeros_like(ctx.commit)
     assert REMASK.get("wino_shadow")()(ctx).nonzero()[:, 1].tolist() == [2]
     assert not REMASK.get("wino")()(ctx).any()  # the visible-token test keeps it
+
+
+def test_one_host_read_per_step_with_the_shadow_block():
+    """The shadow block and its confidences add no host read: still one per forward."""
+    from dlm_toolkit.testing import HostSyncs
+
+    policy = wino(4, 0.3, 0.95)
+    policy["blocks"]["params"]["eos_early_stop"] = False
+    model, counts = tiny_llada2(seed=1), []
+    for gen in (8, 16):
+        with HostSyncs() as syncs:
+            res = decode(model, [[1, 2, 3], [4, 5, 6, 7, 8, 9]], policy, gen)
+        counts.append((syncs.count, res.forward_calls))
+    (c1, f1), (c2, f2) = counts
+    assert f2 > f1 and (c2 - c1) / (f2 - f1) == 1
