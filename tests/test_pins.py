@@ -1,0 +1,195 @@
+"""Behaviours no other test pinned (issue 36, part 1): each test here fails on a small, realistic
+change to the code (named in its docstring) and passes on the code as it is. Expected values are
+worked out by hand from scripted models, never read from the engine."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from dlm_toolkit import BLOCKS, T2T, DecodingPolicy, StrategyError, decode
+from dlm_toolkit.testing import ScriptedLM, mixing_logits, table_logits
+
+indel_module = importlib.import_module("dlm_toolkit.indel")
+
+V, MASK, EOS = 12, 11, 10
+A, B = 1, 2
+
+
+class CachedScripted(ScriptedLM):
+    """A scripted model that accepts the engine's KV-cache arguments: its logits depend on no cached
+    key (``fn`` reads the window's ids and positions only), so the cache changes no logit."""
+
+    supports_kv_cache = True
+
+    def new_cache(self, batch_size: int, max_length: int):
+        return {"rows": batch_size, "length": max_length}
+
+
+def flat_table(seed: int = 0) -> torch.Tensor:
+    table = torch.randn(64, V, generator=torch.Generator().manual_seed(seed)) * 3
+    table[:, MASK] = -torch.inf
+    table[:, EOS] = -9.0  # no EOS: nothing stops a row early
+    return table
+
+
+def register(registry, name: str, cls) -> str:
+    if name not in registry.names():
+        registry.register(name)(cls)
+    return name
+
+
+# -- the per-block forward bound, exact with a host read every step ---------------------------------
+class _NeverEnds(BLOCKS.get("semi_ar")):
+    """Never ends a block: every live row forwards again, forever."""
+
+    def prepare(self, state):
+        return ~state.done
+
+    def finish_step(self, state, ctx):
+        pass
+
+
+@pytest.mark.parametrize("post", [0, 3])
+def test_the_per_block_forward_bound_stops_after_exactly_limit_plus_one_forwards(post):
+    """With ``check_every=1`` the bound's flag is read before every forward: forward ``limit + 1``
+    trips it (block_step > limit) and the read before the next one raises. Fails on ``>=`` (limit
+    forwards) and on ``> limit + 1`` (limit + 2)."""
+    name = register(BLOCKS, "_pins_never_ends", _NeverEnds)
+    pol = DecodingPolicy({"m2t": {"name": "threshold", "params": {"threshold": 0.01}},
+                          "blocks": {"name": name, "params": {"block_length": 4, "max_post_steps": post}}})
+    limit = 4 + post  # block_length + max_post_steps (the schedule's documented bound)
+    model = ScriptedLM(table_logits(flat_table()), V, MASK, EOS)
+    with pytest.raises(StrategyError, match=rf"'{name}' exceeded {limit} forwards in one block"):
+        decode(model, [[1, 2, 3]], pol, 8, kv_cache=False, check_every=1)
+    assert model.calls == limit + 1
+
+
+# -- the engine's three schedule errors ---------------------------------------------------------------
+class _StartsBackInCache(BLOCKS.get("semi_ar")):
+    """From the second forward of block 2 on, the window starts a block earlier (inside the KV cache by
+    then); declared windows are two blocks wide, so only the cache rule breaks."""
+
+    def window_width(self):
+        return 2 * self.block_length
+
+    def window(self, state, rows):
+        lo, hi = super().window(state, rows)
+        back = (state.block[rows] == 2) & (state.block_step[rows] >= 1)
+        return torch.where(back, lo - self.block_length, lo), hi
+
+
+class _TooWide(BLOCKS.get("semi_ar")):
+    """Block 2's window reaches one block back: 8 positions against a declared ``window_width()`` of 4."""
+
+    def window(self, state, rows):
+        lo, hi = super().window(state, rows)
+        return torch.where(state.block[rows] == 2, lo - self.block_length, lo), hi
+
+
+class _SkipsABlock(BLOCKS.get("semi_ar")):
+    """When a block ends the row jumps over the next one (two blocks past the cache at once)."""
+
+    def finish_step(self, state, ctx):
+        before = state.block.clone()
+        super().finish_step(state, ctx)
+        state.advance_blocks((state.block != before) & ~state.done, False)
+
+
+def schedule_policy(name: str, threshold: float = 0.5) -> DecodingPolicy:
+    return DecodingPolicy({"m2t": {"name": "threshold", "params": {"threshold": threshold}},
+                           "blocks": {"name": name, "params": {"block_length": 4, "max_post_steps": 0,
+                                                               "eos_early_stop": False}}})
+
+
+def test_a_window_start_moved_back_into_the_kv_cache_is_refused():
+    """Fails when the engine's cache-rule check (``bad_cache``) is dropped."""
+    name = register(BLOCKS, "_pins_back_in_cache", _StartsBackInCache)
+    model = CachedScripted(table_logits(flat_table()), V, MASK, EOS)
+    with pytest.raises(StrategyError, match=rf"block schedule '{name}' moved a window start back into the KV cache"):
+        decode(model, [[1, 2, 3, 4]], schedule_policy(name, threshold=1.0), 8)
+    # near miss: the same schedule without the cache breaks nothing (no cache to move back into)
+    res = decode(ScriptedLM(table_logits(flat_table()), V, MASK, EOS), [[1, 2, 3, 4]], schedule_policy(name, 1.0), 8,
+                 kv_cache=False)
+    assert MASK not in res.tokens[0] and len(res.tokens[0]) == 8
+
+
+@pytest.mark.parametrize("kv", [True, False], ids=["kv", "no-kv"])
+def test_a_window_wider_than_window_width_is_refused(kv):
+    """Fails when the engine's width check (``too_wide``) is dropped."""
+    name = register(BLOCKS, "_pins_too_wide", _TooWide)
+    model = (CachedScripted if kv else ScriptedLM)(table_logits(flat_table()), V, MASK, EOS)
+    with pytest.raises(StrategyError, match=rf"block schedule '{name}' returned a window wider than its "
+                                            r"window_width\(\) \(4 positions\)"):
+        decode(model, [[1, 2, 3, 4]], schedule_policy(name), 8, kv_cache=kv)
+
+
+def test_a_window_two_blocks_past_the_cache_between_reads_is_refused():
+    """Threshold 1.0 commits one position per forward: block 1 takes 4 forwards and a post one (5);
+    with ``check_every=2`` the reads come before forwards 1, 3, 5, 7, so the jump to block 3 at the end of
+    forward 5 is forwarded (6) without a read: 12 positions past the cache in a forward 8 wide. Fails
+    when the engine's overflow flag is dropped; with ``check_every=1`` the read widens the forward
+    and the same schedule decodes (the near miss)."""
+    name = register(BLOCKS, "_pins_skips_a_block", _SkipsABlock)
+    pol = DecodingPolicy({"m2t": {"name": "threshold", "params": {"threshold": 1.0}},
+                          "blocks": {"name": name, "params": {"block_length": 4, "max_post_steps": 1,
+                                                              "eos_early_stop": False}}})
+    model = CachedScripted(table_logits(flat_table()), V, MASK, EOS)
+    with pytest.raises(StrategyError, match=rf"block schedule '{name}' moved its window more than one block past the "
+                                            r"KV cache between host reads; decode with check_every=1"):
+        decode(model, [[1, 2, 3, 4]], pol, 12, check_every=2)
+    assert model.calls == 1 + 6  # the prefill, then forwards 1..6
+    res = decode(model, [[1, 2, 3, 4]], pol, 12, check_every=1)
+    assert res.tokens[0][4:8] == [MASK] * 4 and MASK not in res.tokens[0][:4] + res.tokens[0][8:]
+
+
+# -- insert/delete edits never touch the prompt -------------------------------------------------------
+class _DeletesOnce(T2T.get("indel")):
+    """At the decode's first step only, deletes one token: the prompt's last (``target='prompt'``) or the
+    first written generated one (the near miss); no other insert/delete ever."""
+
+    target = "prompt"
+
+    def indel(self, ctx):
+        first = ctx.step[:, None] == 0
+        if self.target == "prompt":
+            pick = ctx.valid & ctx.is_prompt & ctx.in_block
+            pick = pick & (pick.long().flip(1).cumsum(1).flip(1) == 1)  # the last prompt slot of the block
+        else:
+            written = indel_module.written_window(ctx) != ctx.mask_token_id
+            pick = indel_module.indel_region(ctx) & written
+            pick = pick & (pick.long().cumsum(1) == 1)
+        return torch.zeros_like(ctx.valid), pick & first
+
+
+class _DeletesGeneratedOnce(_DeletesOnce):
+    target = "generated"
+
+
+def indel_policy(name: str) -> DecodingPolicy:
+    return DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "t2t.name": name,
+                                           "m2t.params.threshold": 0.3})
+
+
+def test_deleting_a_prompt_token_once_at_the_first_step_is_refused():
+    """The prompt's tail shares block 0 with the first generated positions. A rule that deletes the
+    prompt's last token once (step 0, never again) must be refused at once: without ``~is_prompt``
+    in ``indel_region`` the delete is applied silently and the decode returns with a shifted prompt."""
+    name = register(T2T, "_pins_deletes_prompt_once", _DeletesOnce)
+    model = ScriptedLM(mixing_logits(V, seed=1, scale=2.5, mix=2.0), V, MASK, EOS)
+    prompt = [1, 2, 3, 4, 5, 6]
+    with pytest.raises(StrategyError, match=rf"t2t rule '{name}' asked to delete position 5, outside what the active "
+                                            r"block \[4, 8\) of batch row 0 allows"):
+        decode(model, [prompt], indel_policy(name), 6)
+
+
+def test_deleting_a_generated_token_once_keeps_the_prompt_intact():
+    """The near miss of the test above: the same one-off delete of a generated token is applied."""
+    name = register(T2T, "_pins_deletes_generated_once", _DeletesGeneratedOnce)
+    model = ScriptedLM(mixing_logits(V, seed=1, scale=2.5, mix=2.0), V, MASK, EOS)
+    prompt = [1, 2, 3, 4, 5, 6]
+    res = decode(model, [prompt], indel_policy(name), 6)
+    assert res.rows[0].deletes == 1
+    assert res.canvas[0, :6].tolist() == prompt
