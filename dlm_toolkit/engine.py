@@ -288,11 +288,16 @@ class StepEngine:
 
 
 def raise_bad_bounds(state: DecodeState, live: torch.Tensor, schedule: str) -> None:
-    """The error for a dynamic block proposed outside ``[prompt_len, canvas length)`` (host reads:
-    only on the way to raising)."""
+    """The error for a dynamic block proposed outside ``[prompt_len, canvas length)`` or holding no
+    position (host reads: only on the way to raising)."""
     assert state.bounds_error is not None and state.block_lo is not None and state.block_hi is not None
     r = int((live & state.bounds_error).nonzero()[0, 0])
     lo, hi, p, n = (int(t[r]) for t in (state.block_lo, state.block_hi, state.prompt_len, state.length))
-    where = f"overlaps the prompt (positions [0, {p}))" if lo < p else f"leaves the canvas [0, {n})"
+    if lo < p:
+        where = f"overlaps the prompt (positions [0, {p}))"
+    elif hi <= lo:
+        where = "is empty (it holds no position)"
+    else:
+        where = f"leaves the canvas [0, {n})"
     raise StrategyError(f"block schedule '{schedule}' proposed the active block [{lo}, {hi}) for batch row {r}, "
                         f"which {where}: a dynamic block must lie in [{p}, {n}) and hold at least one position")

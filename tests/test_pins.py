@@ -193,3 +193,64 @@ def test_deleting_a_generated_token_once_keeps_the_prompt_intact():
     res = decode(model, [prompt], indel_policy(name), 6)
     assert res.rows[0].deletes == 1
     assert res.canvas[0, :6].tolist() == prompt
+
+
+# -- dynamic blocks: an empty block, and the post-step budget ------------------------------------------
+class _EmptySecondBlock(BLOCKS.get("dsb")):
+    """Proposes ``[lo, lo)`` (no position) once the first block has moved on."""
+
+    def next_bounds(self, state, ctx):
+        lo, hi = super().next_bounds(state, ctx)
+        return lo, torch.where(lo > state.prompt_len, lo, hi)
+
+
+@pytest.mark.parametrize("kv", [True, False], ids=["kv", "no-kv"])
+def test_an_empty_dynamic_block_is_refused_with_its_own_message(kv):
+    """Fails when ``hi <= lo`` becomes ``hi < lo`` in ``set_bounds`` (the decode then returns masks),
+    and when the message reports an empty block as one that leaves the canvas."""
+    name = f"{__name__}:_EmptySecondBlock"
+    pol = DecodingPolicy({"m2t": {"name": "threshold", "params": {"threshold": 0.5}},
+                          "blocks": {"name": name, "params": {"block_length": 4, "max_block_length": 4}}})
+    model = (CachedScripted if kv else ScriptedLM)(table_logits(flat_table()), V, MASK, EOS)
+    with pytest.raises(StrategyError, match=rf"block schedule '{name}' proposed the active block \[(\d+), \1\) for batch "
+                                            r"row 0, which is empty \(it holds no position\)"):
+        decode(model, [[1, 2, 3, 4]], pol, 8, kv_cache=kv)
+
+
+def flip_model(cached: bool) -> ScriptedLM:
+    """Each position's argmax follows its own token only: a mask -> A, A -> B, B -> A, all at 0.99, so a
+    block without masks is edited at every post forward and never converges."""
+    follow = torch.full((V,), A)
+    follow[A] = B
+
+    def fn(ids, pos, attn):
+        out = torch.full((*ids.shape, V), torch.tensor(0.01 / (V - 2)).log().item())
+        out.scatter_(-1, follow[ids][..., None], torch.tensor(0.99).log().item())
+        out[..., MASK] = -torch.inf
+        return out
+
+    return (CachedScripted if cached else ScriptedLM)(fn, V, MASK, EOS)
+
+
+@pytest.mark.parametrize("kv", [True, False], ids=["kv", "no-kv"])
+@pytest.mark.parametrize("post", [0, 1, 3])
+@pytest.mark.parametrize("schedule", ["dsb", "semi_ar"])
+def test_post_steps_run_exactly_max_post_steps_forwards(schedule, post, kv):
+    """Prompt of one block, 8 generated positions in blocks of 4, the flip model (every post forward
+    edits all 4 positions). ``semi_ar``: each block takes 1 commit forward + ``post`` post forwards.
+    ``dsb`` (post steps on the last block only): 1 + 1 + ``post``. Fails on ``post >= max_post_steps``
+    in either schedule's ``prepare`` (one post forward fewer)."""
+    params = {"block_length": 4, "max_post_steps": post, "eos_early_stop": False}
+    if schedule == "dsb":
+        params["max_block_length"] = 4
+    pol = DecodingPolicy({"m2t": {"name": "threshold", "params": {"threshold": 0.5}},
+                          "t2t": {"name": "threshold", "params": {"threshold": 0.5}},
+                          "blocks": {"name": schedule, "params": params}})
+    res = decode(flip_model(kv), [[3, 4, 5, 6]], pol, 8, kv_cache=kv)
+    row = res.rows[0]
+    blocks_with_post = 2 if schedule == "semi_ar" else 1
+    assert row.nfe == 2 + blocks_with_post * post
+    assert (row.post_forwards, row.post_forwards_with_edit, row.edits) == (blocks_with_post * post,) * 2 + (
+        blocks_with_post * post * 4,)
+    flips = [A if post % 2 == 0 else B] * 4  # A committed, then one flip per post forward
+    assert res.tokens[0] == (flips if schedule == "semi_ar" else [A] * 4) + flips
