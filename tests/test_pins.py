@@ -254,3 +254,64 @@ def test_post_steps_run_exactly_max_post_steps_forwards(schedule, post, kv):
         blocks_with_post * post * 4,)
     flips = [A if post % 2 == 0 else B] * 4  # A committed, then one flip per post forward
     assert res.tokens[0] == (flips if schedule == "semi_ar" else [A] * 4) + flips
+
+
+# -- stop strings --------------------------------------------------------------------------------------
+class CharTokenizer:
+    """Token ``i`` is the letter ``'a' + i`` (the mask and EOS never reach ``decode``: EOS is cut first)."""
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + int(i)) for i in ids)
+
+
+def letters_model(eos_at: int | None = None) -> ScriptedLM:
+    """Position ``p`` of the canvas is ``(p - 4) % 10`` ("a".."j" from position 4 on) at 0.99; with
+    ``eos_at`` that position is EOS."""
+    table = torch.full((64, V), -20.0)
+    for p in range(64):
+        table[p, (p - 4) % 10] = 20.0
+    if eos_at is not None:
+        table[eos_at] = -20.0
+        table[eos_at, EOS] = 20.0
+    table[:, MASK] = -torch.inf
+    return ScriptedLM(table_logits(table), V, MASK, EOS)
+
+
+def stop_policy(**blocks) -> DecodingPolicy:
+    return DecodingPolicy({"m2t": {"name": "threshold", "params": {"threshold": 0.5}}, "t2t": {"name": "none"},
+                           "blocks": {"name": "semi_ar", "params": {"block_length": 4, "max_post_steps": 1, **blocks}}})
+
+
+@pytest.mark.parametrize("stop, text, blocks", [
+    ("bc", "a", 1),      # inside block 1 (positions 4..7: "abcd")
+    ("de", "abc", 2),    # "d" ends block 1, "e" starts block 2: seen only once block 2 is decoded
+    ("fg", "abcde", 2),  # inside block 2
+])
+def test_a_stop_string_across_a_block_boundary_stops_the_row(stop, text, blocks):
+    """Prompt of one block, 20 generated positions (5 blocks of 4), 2 forwards per block (its commit
+    and one post forward). A row stops after the block that completes the stop string: 2 forwards
+    per decoded block, not 10 for the whole budget. Fails when the stop check reads only the
+    segment's own text (the straddling "de" is then missed: 10 forwards, the same text)."""
+    from dlm_toolkit.generate import generate
+
+    rows, _ = generate(letters_model(), CharTokenizer(), [[0, 1, 2, 3]], stop_policy(), 20, stop=[stop], seeds=[0])
+    row = rows[0]
+    assert (row.text, row.stopped, row.nfe, row.blocks_skipped) == (text, "stop", 2 * blocks, 5 - blocks)
+    assert row.tokens == [(p - 4) % 10 for p in range(4, 4 + 4 * blocks)]
+
+
+def test_the_unsegmented_path_reports_an_eos_without_eos_early_stop():
+    """Blocks aligned after the prompt are decoded whole (not segmented); with ``eos_early_stop`` off
+    the decode does not report the EOS (``eos_stopped`` false), yet the row did end at one:
+    ``stopped`` is "eos". Fails when ``stopped`` reads only ``eos_stopped``."""
+    from dlm_toolkit.generate import generate, segmentable
+
+    pol = stop_policy(align="prompt", eos_early_stop=False)
+    model = letters_model(eos_at=3 + 6)  # prompt of 3: the seventh generated position (after "jabcde")
+    assert not segmentable(model, pol)
+    rows, _ = generate(model, CharTokenizer(), [[0, 1, 2]], pol, 12, stop=["zz"], seeds=[0])
+    assert (rows[0].text, rows[0].stopped) == ("jabcde", "eos")
+    assert rows[0].tokens == [9, 0, 1, 2, 3, 4, EOS]
+    # near miss: no EOS in the budget, no stop string: ran to the budget
+    rows, _ = generate(letters_model(), CharTokenizer(), [[0, 1, 2]], pol, 12, stop=["zz"], seeds=[0])
+    assert (rows[0].text, rows[0].stopped) == ("jabcdefghija", None)
