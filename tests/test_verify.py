@@ -146,6 +146,43 @@ def reference_rejection(probs_p, probs_q, draft, span, u, gumbel_u, mask, expone
     return out
 
 
+def _mix32(x: int) -> int:
+    """Wellons' lowbias32 on a plain int (the hash dlm_toolkit.rng documents)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def reference_uniforms(ctx, *trailing: int, draw: int) -> torch.Tensor:
+    """The verifier's float32 uniforms recomputed with plain ints, at the documented draw index
+    (``VERIFY_DRAW`` = 4096, plus the verifier's own draw): its own draws, not through verify_uniform."""
+    m32 = 0xFFFFFFFF
+    n = trailing[0] if trailing else 1
+    out = torch.zeros(*ctx.positions.shape, n)
+    for b in range(ctx.positions.shape[0]):
+        seed, step = int(ctx.seeds[b]), int(ctx.step[b])
+        h = _mix32(seed & m32)
+        h = _mix32(h ^ ((seed >> 32) & m32))
+        h = _mix32(h ^ (step & m32))
+        for w in range(ctx.positions.shape[1]):
+            base = _mix32(_mix32(h ^ (int(ctx.positions[b, w]) & m32)) ^ (draw & m32))
+            for j in range(n):
+                out[b, w, j] = (_mix32(base ^ j) >> 8) * 2.0 ** -24
+    return out if trailing else out[..., 0]
+
+
+def test_the_verifiers_draws_are_its_own_not_the_rules():
+    """verify_uniform draws at 4096 + draw, apart from a rule's draws 0, 1, ... of the same step: a
+    rule that drew before the verifier changes none of the verifier's numbers."""
+    ctx = build_context(random_case(3), seed=3, memory={})
+    assert torch.equal(verify_uniform(ctx, draw=0), reference_uniforms(ctx, draw=4096))
+    assert torch.equal(verify_uniform(ctx, 5, draw=1), reference_uniforms(ctx, 5, draw=4097))
+    rule_draws = [reference_uniforms(ctx, draw=d) for d in range(3)]
+    assert not any(torch.equal(verify_uniform(ctx, draw=0), r) for r in rule_draws)
+
+
 @pytest.mark.parametrize("exponent", [1.0, 0.5])
 def test_rejection_acceptance_equals_the_float64_reference(exponent):
     rule = M2T.get("s2d2")(ratio_exponent=exponent)
@@ -157,7 +194,7 @@ def test_rejection_acceptance_equals_the_float64_reference(exponent):
         gen = torch.Generator().manual_seed(seed)
         verify_logits = torch.randn(ctx.logits.shape, generator=gen) * 3
         commit, tokens = rule.accept(ctx, draft, verify_logits)
-        u, gumbel_u = verify_uniform(ctx, draw=0), verify_uniform(ctx, ctx.logits.shape[-1], draw=1)
+        u, gumbel_u = reference_uniforms(ctx, draw=4096), reference_uniforms(ctx, ctx.logits.shape[-1], draw=4097)
         p_all, q_all = torch.softmax(ctx.logits.double(), -1), torch.softmax(verify_logits.double(), -1)
         for r in range(ctx.batch_size):
             fill = ctx.fillable[r].tolist()
@@ -262,3 +299,25 @@ def test_spans_shorter_than_min_span_length_are_not_verified():
     for s in some.trajectory.steps:  # a verified step had a span of 3 or more, so at least 3 masks
         assert not s.verified or s.masks_before >= 3
     assert any(not s.verified and 0 < s.masks_before < 3 for s in some.trajectory.steps)
+
+
+class _VerifiesEveryRow(M2T.get("s2d2")):  # a plug-in verifier that asks for every row, finished or not
+    def wants_verify(self, ctx):
+        return torch.ones_like(ctx.live)
+
+
+@pytest.mark.parametrize("kv", [True, False], ids=["kv", "no-kv"])
+def test_a_verifier_wanting_every_row_charges_only_live_rows(kv):
+    """One row finishes before the other; the verifier asks for every row at every step. Each row pays two
+    forwards per step it was live in (its step and its verification), whatever the other row still
+    does: fails when verify_step drops ``ctx.live &`` (finished rows charged verification NFE)."""
+    if "_verify_every_row" not in M2T.names():
+        M2T.register("_verify_every_row")(_VerifiesEveryRow)
+    policy = DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": B, "m2t.name": "_verify_every_row",
+                                             "m2t.params.acceptance": "greedy"})
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1]]
+    res = decode(tiny_llada2(seed=3), prompts, policy, 5, kv_cache=kv, record=True)
+    steps = [len(res.trajectory.for_row(r)) for r in range(2)]
+    assert steps[0] != steps[1]  # one row rode along finished while the other still verified
+    assert [r.nfe for r in res.rows] == [2 * n for n in steps]
+    assert all(s.verified for s in res.trajectory.steps)
