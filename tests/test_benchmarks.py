@@ -36,6 +36,8 @@ GSM_OUTPUTS = {  # output -> (strict, flexible) as a person reads lm-eval's rule
     "@@@ ### 1003!!": (False, True),
     "#### -1003": (False, False),
     "1003.0": (False, False),  # exact match: '1003.0' is not '1003'
+    "#### 1003\nAgain: #### 1002": (True, False),  # two '#### N': strict takes the FIRST (lm-eval's group 0)
+    "#### 1002\nAgain: #### 1003": (False, True),  # ... and flexible the last number
 }
 
 
@@ -76,6 +78,11 @@ MATH_TABLE = [  # (model output, reference answer, correct?)
     ("\\boxed{4", "4", False),  # unclosed
     ("", "4", False),
     ("\\fbox{7}", "7", True),
+    ("\\boxed{-5}", "5", False),  # the sign is part of the answer
+    ("\\boxed{5}", "-5", False),
+    ("\\boxed{-5}", "-5", True),
+    ("\\boxed{-\\frac{1}{2}}", "\\frac{1}{2}", False),
+    ("\\boxed{-0.5}", "-\\frac{1}{2}", False),  # the reference's normal form only rewrites a bare 0.5
 ]
 
 
@@ -194,6 +201,34 @@ def test_output_tests_compare_exactly_or_within_atol():
     assert not check_solution(off, tests, "mean", **kw).passed
     ints = output_tests("mean", [[[1, 2]]], ["1"], atol=0.0)  # expected an int: exact only
     assert not check_solution(reference, ints, "mean", **kw).passed
+
+
+FLOAT_TABLE = [  # (output, expected, atol given, equal?) as EvalPlus decides: exact, else for a float or a
+    # list/tuple of floats: same type, same length, every element within atol (1e-6 if 0) + 1e-7 * |e|
+    (1.0, 1.0, 0.0, True),
+    (1.0000005, 1.0, 0.0, True),
+    (1.001, 1.0, 0.0, False),
+    (1.001, 1.0, 0.01, True),
+    ([1.0, 2.0000005], [1.0, 2.0], 0.0, True),
+    ([1.0], [1.0, 2.0], 0.0, False),  # truncated: zip would compare one pair and accept it
+    ([1.0, 2.0, 3.0], [1.0, 2.0], 0.0, False),  # too long
+    ([], [1.0], 0.0, False),
+    ((1.0, 2.0), [1.0, 2.0], 0.0, False),  # a tuple for a list
+    ([1.0, 2.1], [1.0, 2.0], 0.0, False),
+    ([1, 2], [1.0, 2.0], 0.0, True),  # equal as Python compares them (exact)
+    ("1.0", 1.0, 0.0, False),
+    (None, 1.0, 0.0, False),
+    (1, 2, 0.0, False),  # ints: exact only
+]
+
+
+@pytest.mark.parametrize("out, exp, atol, want", FLOAT_TABLE)
+def test_the_evalplus_float_comparison_table(out, exp, atol, want):
+    from dlm_toolkit.tasks import code
+
+    namespace: dict = {}
+    exec(code._COMPARE, namespace)  # the comparison the generated tests run inside the sandbox
+    assert namespace["_dlm_close"](out, exp, atol) is want
 
 
 def test_run_outputs_splits_outputs_too_large_for_one_run():
