@@ -156,3 +156,21 @@ def test_finished_rows_ride_along_without_changing_anything():
         alone = decode(model, [p], policy, 24, seed=[5 + i])
         assert batch.rows[i] == alone.rows[0]
     assert len({r.nfe for r in batch.rows}) > 1  # rows did finish at different steps
+
+
+def test_two_configs_of_one_rule_compiled_on_one_model_each_equal_eager():
+    """Two thresholds of the same commit rule, decoded compiled one after
+    the other on one model (one store of captured rules), each give their own eager decode: fails
+    when the rule-capture key leaves out the rule's config (the second decode replays the first
+    one's captured threshold)."""
+    model = ScriptedLM(mixing_logits(24, seed=4, scale=2.0, mix=2.0), 24, 23, 22)
+    prompts = [[5, 6, 7]]
+    low = DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "m2t.params.threshold": 0.2})
+    high = DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "m2t.params.threshold": 0.9})
+    eager = [decode(model, prompts, p, 9, capture="eager") for p in (low, high)]
+    assert [r.nfe for r in eager[0].rows] != [r.nfe for r in eager[1].rows]  # the configs decode differently
+    compiled = [decode(model, prompts, p, 9, capture="compile") for p in (low, high)]
+    for e, c in zip(eager, compiled):
+        same(e, c)
+    rules = {k for k in decode_module.shared(model) if k[0] == "rule"}
+    assert len({k[3:5] for k in rules if k[2] == "m2t"}) == 2  # one captured commit rule per config
