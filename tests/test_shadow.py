@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlm_toolkit import REMASK, ConfigError, DecodingPolicy, StrategyError, decode
+from dlm_toolkit import REMASK, T2T, ConfigError, DecodingPolicy, StrategyError, decode
 from dlm_toolkit.state import row_seed
 from dlm_toolkit.testing import ScriptedLM, make_context, mixing_logits, tiny_llada2
 from test_catalogue_v2 import EOS, MASK, VOCAB, random_problem
@@ -183,3 +183,39 @@ def test_one_host_read_per_step_with_the_shadow_block():
         counts.append((syncs.count, res.forward_calls))
     (c1, f1), (c2, f2) = counts
     assert f2 > f1 and (c2 - c1) / (f2 - f1) == 1
+
+
+SEEN_SHADOW: list[tuple[torch.Tensor, ...]] = []  # (is_prompt, in_block & valid, masked, shadow_confidence) per step
+
+
+class _RecordsTheShadow(T2T.get("none")):
+    """Edits nothing; records what the engine filled in ``ctx.shadow_confidence`` (a test probe)."""
+
+    def __call__(self, ctx):
+        SEEN_SHADOW.append((ctx.is_prompt.clone(), (ctx.in_block & ctx.valid).clone(), ctx.masked.clone(),
+                            ctx.shadow_confidence.clone()))
+        return super().__call__(ctx)
+
+
+def test_shadow_confidence_is_zero_at_prompt_slots_of_the_active_block():
+    """Prompts of 6 and 5 tokens with blocks of 4: the first active block holds the prompt's tail. The
+    shadow's confidence is 0 at its prompt slots, at masks and outside the block, and positive at each
+    written generated slot of the block (the near miss, same steps). Fails when ``shadow_confidence``
+    drops ``~ctx.is_prompt``."""
+    from dlm_toolkit.shadow import Shadow
+
+    if "_records_shadow" not in T2T.names():
+        T2T.register("_records_shadow")(type("_RecordsShadow", (_RecordsTheShadow, Shadow), {}))
+    SEEN_SHADOW.clear()
+    model = ScriptedLM(mixing_logits(VOCAB, seed=2, scale=2.0, mix=2.0), VOCAB, MASK, EOS)
+    pol = DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "t2t.name": "_records_shadow",
+                                          "m2t.params.threshold": 0.3})
+    decode(model, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5]], pol, 8)
+    prompt_slots = written_slots = 0
+    for is_prompt, in_block, masked, conf in SEEN_SHADOW:
+        assert (conf[is_prompt] == 0).all() and (conf[masked] == 0).all() and (conf[~in_block] == 0).all()
+        written = in_block & ~is_prompt & ~masked
+        assert (conf[written] > 0).all()
+        prompt_slots += int((is_prompt & in_block).sum())
+        written_slots += int(written.sum())
+    assert prompt_slots > 0 and written_slots > 0  # both kinds of slot were seen in the active block
