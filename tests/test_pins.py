@@ -5,6 +5,7 @@ worked out by hand from scripted models, never read from the engine."""
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -315,3 +316,90 @@ def test_the_unsegmented_path_reports_an_eos_without_eos_early_stop():
     # near miss: no EOS in the budget, no stop string: ran to the budget
     rows, _ = generate(letters_model(), CharTokenizer(), [[0, 1, 2]], pol, 12, stop=["zz"], seeds=[0])
     assert (rows[0].text, rows[0].stopped) == ("jabcdefghija", None)
+
+
+# -- atomic writes: the fsync / replace order, and all or nothing part-way ----------------------------
+def _record_syncs_and_renames(monkeypatch) -> list[tuple[str, str]]:
+    """Patch ``os.fsync`` and ``os.replace`` to log ``("fsync", path)`` / ``("replace", target name)``
+    (then do the real call)."""
+    import os
+
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", os.path.basename(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+def test_atomic_write_many_syncs_every_file_then_renames_then_syncs_the_folder(tmp_path, monkeypatch):
+    """Each temporary is fsynced (its bytes on disk) before any rename, and the folder once after the
+    last rename (the renames on disk). Fails without the temporary's fsync and with the folder fsynced
+    before the renames."""
+    from dlm_toolkit.files import atomic_write_many
+
+    calls = _record_syncs_and_renames(monkeypatch)
+    names = ["b.txt", "a.txt", "c.txt"]
+    atomic_write_many(tmp_path, {n: (lambda tmp, n=n: tmp.write_text(n)) for n in names})
+    kinds = [(kind, Path(p).name if kind == "fsync" else p) for kind, p in calls]
+    synced = [name for kind, name in kinds[:3]]
+    assert [k for k, _ in kinds] == ["fsync"] * 3 + ["replace"] * 3 + ["fsync"]
+    assert [s.split(".tmp-")[0] for s in synced] == [f".{n}" for n in names]  # the temporaries, in order
+    assert [name for _, name in kinds[3:6]] == names
+    assert Path(calls[-1][1]) == tmp_path.resolve()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {n: n for n in names}
+
+
+def test_a_multi_file_write_failing_part_way_changes_no_file(tmp_path):
+    """The third of three files fails after two were complete: every previous file keeps its bytes
+    and no temporary is left. Fails if a file is renamed as soon as it is written."""
+    from dlm_toolkit.files import atomic_write_many
+
+    for n in ("a", "b", "c"):
+        (tmp_path / n).write_text(f"old {n}")
+
+    def broken(tmp):
+        tmp.write_text("half")
+        raise RuntimeError("writer failed")
+
+    with pytest.raises(RuntimeError, match="writer failed"):
+        atomic_write_many(tmp_path, {"a": lambda t: t.write_text("new a"), "b": lambda t: t.write_text("new b"),
+                                     "c": broken})
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {n: f"old {n}" for n in ("a", "b", "c")}
+
+
+def test_a_tokenizer_save_failing_at_its_last_file_changes_no_file(tmp_path, monkeypatch):
+    """save_tokenizer claims all or nothing: the disk fills while the last of its three files is
+    synced (the first two complete by then): every previous file keeps its bytes, nothing is left
+    behind, and the error names the file (the last in name order)."""
+    import json
+
+    from dlm_toolkit import files
+    from dlm_toolkit.tokenizer import build_char_tokenizer, save_tokenizer
+
+    testbed = Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-editable"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / name).write_text(json.dumps(json.loads((testbed / name).read_text())))  # other bytes
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real = files.fsync_file
+    synced: list[str] = []
+
+    def fsync_file(path):
+        synced.append(path.name)
+        if len(synced) == 3:
+            raise OSError(28, "No space left on device")
+        return real(path)
+
+    monkeypatch.setattr(files, "fsync_file", fsync_file)
+    with pytest.raises(files.NoSpaceError, match=r"no space left on device while writing .*tokenizer_config\.json"):
+        save_tokenizer(build_char_tokenizer(), tmp_path)
+    assert len(synced) == 3
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
