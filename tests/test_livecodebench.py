@@ -253,6 +253,7 @@ def test_code_is_extracted_as_the_official_runner_does(completion, code):
 @pytest.mark.parametrize("got, expected, same", [
     ("6\n3\n", "6\n3\n", True),
     ("  6  \n3\n\n\n", "6\n3", True),  # each line stripped, the whole stripped
+    ("Yes  \n  No\n", "Yes\nNo", True),  # words: only stripping makes them equal
     ("6\n3", "6\n4", False),
     ("6", "6\n3", False),  # a missing line
     ("6\n\n3", "6\n3", False),  # an extra blank line inside
