@@ -358,3 +358,17 @@ def test_readme_command_runs_end_to_end_on_the_testbed(tmp_path, capsys):
     assert code == 0 and out["task"] == "livecodebench" and out["metric_name"] == "pass@1" and out["n"] == 3
     assert {"accuracy_easy", "accuracy_medium", "accuracy_atcoder", "accuracy_leetcode"} <= set(out)
     assert out["tokens_per_second"] > 0 and out["tpf"] > 0
+
+
+def test_the_sweep_experiment_validates():
+    import yaml
+
+    from dlm_toolkit.sweep.experiment import load_experiment
+
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "experiments" / "llada2.1-livecodebench.yaml").read_text())
+    assert data["task"] == "livecodebench" and data["task_args"]["release_version"] == "release_v6"
+    data["model"] = TESTBED  # the checkpoint and data the README puts in place are not here: ours instead
+    data["task_args"] = {**data["task_args"], "data": str(FIXTURES), "release_version": "release_v2"}
+    exp = load_experiment(data)
+    assert exp.task_args["start_date"] == "2024-08-01" and exp.task_args["end_date"] == "2025-05-01"
