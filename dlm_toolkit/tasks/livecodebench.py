@@ -46,7 +46,7 @@ from typing import Any, Sequence
 from dlm_toolkit.config import ConfigError
 
 from .base import Instance
-from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource
+from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
 from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
 from .sandbox import SandboxResult, check_isolation, run_tests
 from .stdio import call_candidate, call_tests, run_timeout, stdio_candidate, stdio_tests
@@ -135,14 +135,18 @@ def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) ->
     return out
 
 
+def _loads(text: str, where: _Where, field: str, what: str = "not JSON") -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise where.error(field, f"{what} ({exc.msg} at column {exc.colno})") from None
+
+
 def _json_field(record: dict[str, Any], field: str, where: _Where) -> Any:
     text = record[field]
     if not isinstance(text, str):
         raise where.error(field, f"must be a JSON string, found {type(text).__name__}")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise where.error(field, f"not JSON ({exc.msg} at column {exc.colno})") from None
+    return _loads(text, where, field)
 
 
 def decode_private(text: Any, where: _Where, max_bytes: int) -> Any:
@@ -167,10 +171,7 @@ def decode_private(text: Any, where: _Where, max_bytes: int) -> Any:
         inner = inner.decode("utf-8", "replace")
     if not isinstance(inner, str):
         raise where.error(field, f"the pickle must hold a JSON string, found {type(inner).__name__}")
-    try:
-        return json.loads(inner)
-    except json.JSONDecodeError as exc:
-        raise where.error(field, f"the pickled string is not JSON ({exc.msg})") from None
+    return _loads(inner, where, field, "the pickled string is not JSON")
 
 
 def _choice(record: dict[str, Any], field: str, allowed: Sequence[str], where: _Where) -> str:
@@ -276,12 +277,7 @@ class LiveCodeBenchTask(BenchmarkTask):
             record = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise DataError(f"{where.path}:{where.line}: not a JSON line ({exc})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where.path}:{where.line}: expected a JSON object, found {type(record).__name__}")
-        missing = [f for f in FIELDS if f not in record]
-        if missing:
-            raise DataError(f"{where.path}:{where.line}: missing field(s) {', '.join(map(repr, missing))} "
-                            f"(a problem needs {', '.join(FIELDS)})")
+        _check_fields(record, FIELDS, f"{where.path}:{where.line}")
         for field in ("question_title", "question_content", "question_id", "contest_date", "starter_code"):
             if not isinstance(record[field], str):
                 raise where.error(field, f"must be a string, found {type(record[field]).__name__}")
