@@ -216,6 +216,19 @@ def test_private_tests_over_the_size_bound_are_refused(tmp_path):
     assert get_task("livecodebench", data=str(path), max_test_mb=2, unsafe_exec=True).eval_size == 3
 
 
+def test_a_line_over_the_bound_is_refused_before_it_is_parsed(tmp_path):
+    rows = _rows()
+    path = tmp_path / "test.jsonl"
+    for size, refused in ((3 << 20, False), ((3 << 20) + 1, True)):  # bound: 2 * 1 MiB + 1 MiB (max_test_mb=1)
+        rows[2]["question_content"] = "q" * (size - len(json.dumps(rows[2])) - 1)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if refused:
+            with pytest.raises(DataError, match=r"test.jsonl:3: a line longer than 3145728 bytes"):
+                get_task("livecodebench", data=str(path), max_test_mb=1, unsafe_exec=True)
+        else:
+            assert get_task("livecodebench", data=str(path), max_test_mb=1, unsafe_exec=True).eval_size == 3
+
+
 def test_cli_refuses_a_malformed_file_with_one_line_and_exit_2(tmp_path, capsys):
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in _bad(lambda r: r.update(private_test_cases=_global_blob()))))
