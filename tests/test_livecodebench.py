@@ -220,6 +220,7 @@ def test_a_line_over_the_bound_is_refused_before_it_is_parsed(tmp_path):
     rows = _rows()
     path = tmp_path / "test.jsonl"
     for size, refused in ((3 << 20, False), ((3 << 20) + 1, True)):  # bound: 2 * 1 MiB + 1 MiB (max_test_mb=1)
+        rows[2]["question_content"] = ""  # the line's length without it, then filled to exactly `size` bytes
         rows[2]["question_content"] = "q" * (size - len(json.dumps(rows[2])) - 1)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         if refused:
