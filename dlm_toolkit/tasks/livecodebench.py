@@ -256,13 +256,25 @@ class LiveCodeBenchTask(BenchmarkTask):
                             "or pass --data PATH (the folder, or one JSONL file)")
         return files
 
+    @property
+    def max_line_bytes(self) -> int:
+        """The longest problem line read: its encoded private tests at the size bound, plus 1 MiB."""
+        return 2 * self.max_test_bytes + (1 << 20)
+
+    def _line(self, f: Any, where: _Where) -> bytes:
+        raw = f.readline(self.max_line_bytes + 1)
+        if len(raw) > self.max_line_bytes:
+            raise DataError(f"{where.path}:{where.line}: a line longer than {self.max_line_bytes} bytes "
+                            f"(max_test_mb={self.max_test_bytes >> 20} bounds it)")
+        return raw
+
     def _read(self, path: Path) -> list[Instance]:
         out = []
         with path.open("rb") as f:
             number = 0
             while True:
                 offset = f.tell()
-                raw = f.readline()
+                raw = self._line(f, _Where(path, number + 1))
                 if not raw:
                     break
                 number += 1
@@ -318,7 +330,7 @@ class LiveCodeBenchTask(BenchmarkTask):
         where = _Where(Path(path), line)
         with open(path, "rb") as f:
             f.seek(offset)
-            record = self._record(f.readline(), where)
+            record = self._record(self._line(f, where), where)
         private = parse_tests(decode_private(record["private_test_cases"], where, self.max_test_bytes), where,
                               "private_test_cases", instance.meta["func_name"])
         return list(instance.meta["public"]) + private
