@@ -321,6 +321,11 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
         ("import sys\nn, *a = map(int, sys.stdin.read().split())\nprint(sum(a) / n)\n", False, "wrong answer"),
         ("import sys\nn, *a = map(int, sys.stdin.read().split())\nprint(f'{sum(a) / n + 1e-6:.6f}')\n", False,
          "wrong answer"),  # a wrong float
+        ("import sys\nn, *a = map(int, sys.stdin.read().split())\n", False, "wrong answer"),  # the line missing
+        ("import sys\nn, *a = map(int, sys.stdin.read().split())\nprint(f'{sum(a) / n:.6f}')\n" + SPIN, False,
+         "timeout"),
+        ("import sys\nn, *a = map(int, sys.stdin.read().split())\nwhile True:\n    sys.stdout.write('1.0 ' * 999)\n",
+         False, "flood"),
     ],
     "lc3000": [
         (TWO_SUM, True, ""),
@@ -337,6 +342,10 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
     "abc950_b": [
         ("print(' '.join(open(0).read().split()[::-1]))\n", True, ""),
         ("print(' '.join(input().split()))\n", False, "wrong answer"),
+        ("w = input().split()\nprint(' '.join(w[::-1][1:]))\n", False, "wrong answer"),  # one word short
+        ("w = input().split()\n", False, "wrong answer"),  # the line missing
+        ("w = input().split()\nprint(' '.join(w[::-1]))\n" + SPIN, False, "timeout"),
+        ("w = input().split()\nwhile True:\n    print(' '.join(w[::-1]))\n", False, "flood"),
     ],
 }
 
