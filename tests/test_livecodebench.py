@@ -338,6 +338,7 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
         (TWO_SUM.replace("return [seen[target - x], i]", "return iter([seen[target - x], i])"), False,
          "not plain data"),
         ("class Solution:\n    def other(self):\n        return 1\n", False, "did not load"),
+        ("while True:\n    pass\n" + TWO_SUM, False, "time limit exceeded while loading"),
     ],
     "abc950_b": [
         ("print(' '.join(open(0).read().split()[::-1]))\n", True, ""),

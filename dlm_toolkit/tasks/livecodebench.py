@@ -341,7 +341,7 @@ class LiveCodeBenchTask(BenchmarkTask):
         code, cases, func = extract_code(completion), self.cases(instance), instance.meta["func_name"]
         if func is None:
             return stdio_candidate(code), stdio_tests(cases, self.timeout_s), "run_stdio", len(cases)
-        return call_candidate(code, func), call_tests(cases, self.timeout_s), "run_call", len(cases)
+        return call_candidate(code, func, self.timeout_s), call_tests(cases, self.timeout_s), "run_call", len(cases)
 
     def run(self, instance: Instance, completion: str) -> SandboxResult:
         """The sandbox report of ``completion`` on all of the instance's tests."""

@@ -187,10 +187,17 @@ def run_stdio(stdin_text, timeout_s, max_output):
 '''
 
 _CALL = r'''
+def _on_load_alarm(signum, frame):
+    raise _Timeout("time limit exceeded while loading the solution")
+
+
 _NS = {"__name__": "__main__", "__builtins__": _b}
+_signal.signal(_signal.SIGALRM, _on_load_alarm)
+_signal.setitimer(_signal.ITIMER_REAL, __TIMEOUT__)
 exec(_PREAMBLE, _NS)
 exec(_CODE, _NS)
 _TARGET = _NS["Solution"]() if "class Solution" in _SOURCE else None
+_signal.setitimer(_signal.ITIMER_REAL, 0)
 _METHOD = getattr(_TARGET, __NAME__) if _TARGET is not None else _NS[__NAME__]
 
 
@@ -215,13 +222,13 @@ def stdio_candidate(code: str) -> str:
     return _runtime(code) + _STDIO
 
 
-def call_candidate(code: str, func_name: str) -> str:
-    """The candidate side of a call-based problem: runs ``code`` once, then serves ``run_call`` on
-    ``Solution().<func_name>`` (or the function ``func_name`` when ``code`` defines no ``Solution``
-    class, as LiveCodeBench's grader does)."""
+def call_candidate(code: str, func_name: str, timeout_s: float) -> str:
+    """The candidate side of a call-based problem: runs ``code`` once (within ``timeout_s``, as
+    LiveCodeBench's grader loads it), then serves ``run_call`` on ``Solution().<func_name>`` (or
+    the function ``func_name`` when ``code`` defines no ``Solution`` class, as that grader does)."""
     if not func_name.isidentifier():
         raise ValueError(f"func_name: {func_name!r} is not a Python identifier")
-    return _runtime(code) + _CALL.replace("__NAME__", repr(func_name))
+    return _runtime(code) + _CALL.replace("__NAME__", repr(func_name)).replace("__TIMEOUT__", repr(float(timeout_s)))
 
 
 def _literal(data: Any) -> str:
