@@ -28,7 +28,9 @@ call-based, ``Solution().func_name(*args)`` with each input line a JSON argument
 whole run ``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict
 decided on the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Two lenient
 departures, both what a real judge allows: ``sys.stdin.buffer`` works and the per-test globals
-``stdin``/``stdout`` are the redirected streams.
+``stdin``/``stdout`` are the redirected streams. Limits of ours: a program may print at most twice
+the expected output + 64 Ki characters (more is a failure, "flood"); one test's input or output
+crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
 
 Metrics: pass@1 (one greedy completion per problem) as the task's score, and per difficulty and
 platform through :meth:`LiveCodeBenchTask.extra_metrics` (``accuracy_easy``, ``accuracy_leetcode``, ...).
