@@ -60,12 +60,40 @@ def _check_plain(value: object, depth: int = 0) -> None:
     raise UnsafeBlob(f"the pickle holds a {kind.__name__}; only str, bytes, numbers, lists and dicts are accepted")
 
 
+_REFUSED_OPCODES = frozenset({
+    "GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD", "EXT1", "EXT2", "EXT4",
+    "PERSID", "BINPERSID", "NEXT_BUFFER", "READONLY_BUFFER"})
+"""Opcodes that name, call or feed a callable, or reach outside the stream: refused before loading."""
+
+
+def _scan(data: bytes) -> None:
+    """Walk the opcodes without building anything (:func:`pickletools.genops` reads each declared
+    length from the stream, so a huge declared size is a truncation, never an allocation)."""
+    import pickletools
+
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name in _REFUSED_OPCODES:
+                what = " " + str(arg).replace(" ", ".") if opcode.name in ("GLOBAL", "INST") else ""
+                raise UnsafeBlob(f"the pickle uses {opcode.name}{what}; only plain data is accepted "
+                                 "(no globals, calls or persistent ids)")
+    except UnsafeBlob:
+        raise
+    except Exception as exc:  # genops raises ValueError on truncated or unknown opcodes
+        raise UnsafeBlob(f"not a valid pickle ({type(exc).__name__}: {str(exc)[:100]})") from None
+
+
 def load_plain(data: bytes) -> object:
     """Unpickle ``data`` admitting no global: plain data only.
 
+    Two layers: the opcodes are scanned first (any that names, calls or feeds a callable is
+    refused), then loaded by an unpickler whose ``find_class`` always refuses.
+
     Raises:
-        UnsafeBlob: a global, a persistent id, a non-plain result, trailing bytes or a broken pickle.
+        UnsafeBlob: a global, a call, a persistent id, a non-plain result, trailing bytes or a
+            broken pickle.
     """
+    _scan(data)
     stream = io.BytesIO(data)
     try:
         value = _NoGlobals(stream).load()
