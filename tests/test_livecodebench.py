@@ -74,8 +74,10 @@ def test_a_pickle_naming_a_global_is_refused_and_nothing_runs(kind, tmp_path):
 
 
 def test_persistent_ids_and_non_plain_containers_are_refused():
-    with pytest.raises(UnsafeBlob, match="persistent"):
-        load_plain(b"\x80\x02X\x01\x00\x00\x00aQ.")  # BINPERSID
+    with pytest.raises(UnsafeBlob, match="BINPERSID"):
+        load_plain(b"\x80\x02X\x01\x00\x00\x00aQ.")
+    with pytest.raises(UnsafeBlob, match="persistent id"):  # the unpickler alone refuses it too
+        _NoGlobals(io.BytesIO(b"\x80\x02X\x01\x00\x00\x00aQ.")).load()
     with pytest.raises(UnsafeBlob, match="set"):
         load_plain(pickle.dumps({1, 2}, protocol=4))  # EMPTY_SET + ADDITEMS: an object without any global
     with pytest.raises(UnsafeBlob, match="frozenset"):
@@ -99,6 +101,13 @@ def test_broken_base64_zlib_and_pickle_are_refused():
         decode_blob(blob(good + b"junk"))
     with pytest.raises(UnsafeBlob, match="not a valid pickle"):
         decode_blob(blob(good[:-1]))  # no STOP
+    tracemalloc.start()
+    try:  # a declared length of 1 TiB with three bytes behind it: a truncation, nothing allocated
+        with pytest.raises(UnsafeBlob, match="not a valid pickle"):
+            load_plain(b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b"abc")
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
     assert decode_blob(blob(good)) == "[]"
 
 
