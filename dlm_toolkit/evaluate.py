@@ -130,7 +130,11 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
         if on_batch is not None:
             on_batch(len(records), running)
     bar.close()
-    return EvalResult(metrics_from(totals, len(records)), records, chat=chat)
+    metrics = metrics_from(totals, len(records))
+    extra = getattr(task, "extra_metrics", None)  # per-group scores (livecodebench: per difficulty/platform)
+    if extra is not None:
+        metrics.update(extra(instances, [r["score"] for r in records]))
+    return EvalResult(metrics, records, chat=chat)
 
 
 def task_prompt(tokenizer: Any, task: Task, instance: Any, chat: bool) -> list[int]:

@@ -131,7 +131,7 @@ def add_task_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--system", help="a system turn before each prompt (chat template only)")
     g.add_argument("--gen-length", type=int, help="generation budget in tokens (default: the task's)")
     g.add_argument("--unsafe-exec", action="store_true",
-                   help="code tasks (humaneval, mbpp, humaneval_plus, mbpp_plus): where the bubblewrap sandbox is "
+                   help="code tasks (humaneval, mbpp, humaneval_plus, mbpp_plus, livecodebench): where the bubblewrap sandbox is "
                         "unavailable, run generated code with process-level limits only (default: refuse)")
 
 

@@ -66,6 +66,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"nfe_mean          {m['nfe_mean']:.2f}")
         print(f"tokens_per_second {m['tokens_per_second']:.1f}")
         print(f"edits_per_token   {m['edits_per_token']:.4f}")
+        for key in sorted(k for k in m if k.startswith("accuracy_")):  # a task's per-group scores
+            print(f"{key:<17} {m[key]:.4f}")
         print(f"policy            {policy.config_hash()}")
         if run_id:
             print(f"MLflow run {run_id} in {args.tracking_uri}" + run_link(args.tracking_uri, run_id))

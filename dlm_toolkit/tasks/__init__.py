@@ -8,7 +8,7 @@
 Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``,
 three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick``, and the
 benchmarks read from local files (:mod:`dlm_toolkit.tasks.data`): ``gsm8k``, ``gsm_plus``, ``math500``,
-``mbpp``, ``humaneval_plus``, ``mbpp_plus``, and ``lm_eval`` (any lm-evaluation-harness generate_until
+``mbpp``, ``humaneval_plus``, ``mbpp_plus``, ``livecodebench``, and ``lm_eval`` (any lm-evaluation-harness generate_until
 task; needs the ``eval`` extra) (see :data:`TASKS`). Every task's
 train and eval splits are disjoint by construction (see :mod:`dlm_toolkit.tasks.base`). Chance
 level (random guessing) is ~0 for all of them; :meth:`Task.chance_score` measures it.
@@ -24,6 +24,7 @@ from .data import BenchmarkTask, DataError
 from .either import EitherTask
 from .gsm8k import GSM8KTask, GSMPlusTask
 from .humaneval import HumanEvalTask
+from .livecodebench import LiveCodeBenchTask
 from .lm_eval_task import LmEvalTask
 from .math500 import Math500Task
 from .mbpp import HumanEvalPlusTask, MBPPPlusTask, MBPPTask
@@ -41,6 +42,7 @@ __all__ = [
     "GSM8KTask",
     "GSMPlusTask",
     "HumanEvalPlusTask",
+    "LiveCodeBenchTask",
     "LmEvalTask",
     "MBPPPlusTask",
     "MBPPTask",
@@ -60,6 +62,7 @@ __all__ = [
 
 BENCHMARKS: tuple[type[Task], ...] = (GSM8KTask, GSMPlusTask, Math500Task, MBPPTask, HumanEvalPlusTask, MBPPPlusTask)
 """The benchmark tasks (data read from local files)."""
+BENCHMARKS += (LiveCodeBenchTask,)
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls

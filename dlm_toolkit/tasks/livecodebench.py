@@ -1,0 +1,372 @@
+"""LiveCodeBench code generation (``livecodebench``), from the ``code_generation_lite`` release files.
+
+Data: the release's JSONL files (``test.jsonl``, ``test2.jsonl`` ... ``test6.jsonl``), one problem a
+line with the official fields (``question_title``, ``question_content``, ``platform``,
+``question_id``, ``contest_id``, ``contest_date``, ``starter_code``, ``difficulty``,
+``public_test_cases``, ``private_test_cases``, ``metadata``). ``data`` is the folder holding them
+(the files of ``release_version`` are read, :data:`RELEASE_FILES`, as the official dataset script
+maps ``release_v1`` .. ``release_v6``, ``release_latest``, ``vN`` and ``vN_vM``) or one JSONL file
+(read whole). Problems are then kept by contest date as the official runner does:
+``start_date <= contest_date <= end_date`` (``YYYY-MM-DD``, both optional).
+
+Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))``: decoded by
+:mod:`.safe_pickle`, which never unpickles an object and bounds the decompressed size. Every field is
+checked when the file is read: a bad one is one line naming the file, the line and the field.
+
+Prompt: the official generic format (``lcb_runner/prompts/code_generation.py``): the system message,
+``### Question:``, then with starter code "use the following starter code" and the code in a fence,
+without it "read the inputs from stdin ... write the answer to stdout" and ``# YOUR CODE HERE``,
+then ``### Answer: (use the provided format with backticks)``. The chat template gets the same text
+as the user turn. The program is what lies between the last two lines holding a fence
+(:func:`extract_code`, the official extraction; fewer than two: no program, a failure).
+
+Grading (:mod:`.stdio`, as ``lcb_runner/evaluation/testing_util.py``): public then private tests in
+order, the first failing one fails the problem; LeetCode problems (``metadata.func_name``) are
+call-based, ``Solution().func_name(*args)`` with each input line a JSON argument, the result
+``==`` the JSON output; the others are stdin/stdout, compared line by line after stripping, as
+``Decimal`` numbers where the text differs. Per-test timeout ``timeout_s`` (official default 6 s),
+whole run ``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict
+decided on the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Two lenient
+departures, both what a real judge allows: ``sys.stdin.buffer`` works and the per-test globals
+``stdin``/``stdout`` are the redirected streams. Limits of ours: a program may print at most twice
+the expected output + 64 Ki characters (more is a failure, "flood"); one test's input or output
+crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
+
+Metrics: pass@1 (one greedy completion per problem) as the task's score, and per difficulty and
+platform through :meth:`LiveCodeBenchTask.extra_metrics` (``accuracy_easy``, ``accuracy_leetcode``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+from dlm_toolkit.config import ConfigError
+
+from .base import Instance
+from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
+from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
+from .sandbox import SandboxResult, check_isolation, run_tests
+from .stdio import call_candidate, call_tests, run_timeout, stdio_candidate, stdio_tests
+
+__all__ = ["FIELDS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
+
+_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")
+RELEASE_FILES: dict[str, tuple[str, ...]] = {
+    **{f"release_v{i}": _FILES[:i] for i in range(1, 7)},
+    "release_latest": _FILES,
+    **{f"v{i}": (_FILES[i - 1],) for i in range(1, 7)},
+    **{f"v{i}_v{j}": _FILES[i - 1:j] for i in range(1, 7) for j in range(i + 1, 7)},
+}
+"""Release tag -> the files it reads (the official ``code_generation_lite`` dataset script's map)."""
+
+FIELDS = ("question_title", "question_content", "platform", "question_id", "contest_id", "contest_date",
+          "starter_code", "difficulty", "public_test_cases", "private_test_cases", "metadata")
+PLATFORMS = ("leetcode", "codeforces", "atcoder")
+DIFFICULTIES = ("easy", "medium", "hard")
+
+SYSTEM_MESSAGE = ("You are an expert Python programmer. You will be given a question (problem specification) and "
+                  "will generate a correct Python program that matches the specification and passes all tests. "
+                  "You will NOT return anything except for the program.")
+WITH_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your "
+                "code within delimiters.")
+WITHOUT_STARTER = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly "
+                   "test on the sample inputs). Enclose your code within delimiters as follows.")
+
+_FETCH = ("mkdir -p data/livecodebench && for f in " + " ".join(_FILES) + "; do curl -fL -o data/livecodebench/$f "
+          "https://huggingface.co/datasets/livecodebench/code_generation_lite/resolve/main/$f; done")
+
+
+def lcb_prompt(question: str, starter_code: str) -> str:
+    """The official generic prompt (system message, question, format, answer cue)."""
+    text = f"### Question:\n{question}\n\n"
+    if starter_code:
+        text += f"### Format: {WITH_STARTER}\n```python\n{starter_code}\n```\n\n"
+    else:
+        text += f"### Format: {WITHOUT_STARTER}\n```python\n# YOUR CODE HERE\n```\n\n"
+    return f"{SYSTEM_MESSAGE}\n\n{text}### Answer: (use the provided format with backticks)\n\n"
+
+
+def extract_code(completion: str) -> str:
+    """The official extraction: the lines between the last two lines holding a fence; ``""`` when
+    fewer than two lines hold one."""
+    lines = completion.split("\n")
+    fences = [i for i, line in enumerate(lines) if "```" in line]
+    if len(fences) < 2:
+        return ""
+    return "\n".join(lines[fences[-2] + 1:fences[-1]])
+
+
+@dataclass(frozen=True)
+class _Where:
+    path: Path
+    line: int
+
+    def error(self, field: str, what: str) -> DataError:
+        return DataError(f"{self.path}:{self.line}: field '{field}': {what}")
+
+
+def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) -> list[tuple[Any, Any]]:
+    """``[(input, output)]`` from a decoded test list: ``(stdin, stdout)`` strings, or for a
+    call-based problem ``(argument list, expected value)`` (each input line one JSON argument).
+
+    Raises:
+        DataError: naming ``where`` and ``field``.
+    """
+    if not isinstance(value, list):
+        raise where.error(field, f"must be a list of tests, found {type(value).__name__}")
+    out = []
+    for k, test in enumerate(value):
+        if not isinstance(test, dict) or not isinstance(test.get("input"), str) or \
+                not isinstance(test.get("output"), str) or test.get("testtype") not in ("stdin", "functional"):
+            raise where.error(field, f"test {k} must be {{input: str, output: str, testtype: 'stdin'|'functional'}}")
+        if func_name is None:
+            out.append((test["input"], test["output"]))
+            continue
+        try:
+            args = [json.loads(line) for line in test["input"].split("\n")]
+            expected = json.loads(test["output"])
+        except json.JSONDecodeError as exc:
+            raise where.error(field, f"test {k} of a call-based problem: an input line or the output is not "
+                                     f"JSON ({exc.msg})") from None
+        out.append((args, expected))
+    return out
+
+
+def _loads(text: str, where: _Where, field: str, what: str = "not JSON") -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise where.error(field, f"{what} ({exc.msg} at column {exc.colno})") from None
+
+
+def _json_field(record: dict[str, Any], field: str, where: _Where) -> Any:
+    text = record[field]
+    if not isinstance(text, str):
+        raise where.error(field, f"must be a JSON string, found {type(text).__name__}")
+    return _loads(text, where, field)
+
+
+def decode_private(text: Any, where: _Where, max_bytes: int) -> Any:
+    """The private tests' list: a JSON string as is, else ``base64(zlib(pickle(JSON string)))``
+    decoded without unpickling objects (official order: JSON first).
+
+    Raises:
+        DataError: naming ``where`` and the field, with what is wrong (base64, zlib, pickle, size, JSON).
+    """
+    field = "private_test_cases"
+    if not isinstance(text, str):
+        raise where.error(field, f"must be a string, found {type(text).__name__}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        inner = decode_blob(text, max_bytes)
+    except UnsafeBlob as exc:
+        raise where.error(field, f"neither JSON nor base64+zlib+pickle of plain data: {exc}") from None
+    if isinstance(inner, bytes):
+        inner = inner.decode("utf-8", "replace")
+    if not isinstance(inner, str):
+        raise where.error(field, f"the pickle must hold a JSON string, found {type(inner).__name__}")
+    return _loads(inner, where, field, "the pickled string is not JSON")
+
+
+def _choice(record: dict[str, Any], field: str, allowed: Sequence[str], where: _Where) -> str:
+    value = record[field]
+    if value not in allowed:
+        raise where.error(field, f"{value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _date(text: str | None, option: str) -> datetime | None:
+    if text is None or text == "":
+        return None
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%d")
+    except ValueError:
+        raise ConfigError(f"{option}: {text!r} is not a date YYYY-MM-DD") from None
+
+
+class LiveCodeBenchTask(BenchmarkTask):
+    """LiveCodeBench code generation, pass@1 in the sandbox (see the module docstring).
+
+    Args:
+        data: the folder holding the release files, or one JSONL file (default:
+            ``$DLM_DATA_DIR/livecodebench`` or ``./data/livecodebench``).
+        release_version: which release files a folder contributes (:data:`RELEASE_FILES`).
+        start_date / end_date: keep problems with ``start_date <= contest_date <= end_date``.
+        answer_length: generation budget in tokens.
+        timeout_s: per-test timeout (official default 6 s).
+        memory_mb: address-space limit of each sandboxed process.
+        max_test_mb: bound on one problem's decompressed private tests.
+        unsafe_exec: run without bubblewrap where it is missing (process limits only).
+    """
+
+    name = "livecodebench"
+    description = "LiveCodeBench code generation (official prompt and grader, sandboxed), from local release files"
+    metric_name = "pass@1"
+    source = DataSource(folder="livecodebench", filename="test.jsonl", fetch=_FETCH,
+                        licence="see the livecodebench/code_generation_lite dataset card")
+    stop = ("</s>", "<|im_end|>")
+    _parallel_scoring = True
+
+    def __init__(self, data: str | Path | None = None, release_version: str = "release_v6",
+                 start_date: str | None = None, end_date: str | None = None, answer_length: int = 1024,
+                 timeout_s: float = 6.0, memory_mb: int = 2048, max_test_mb: int = MAX_BLOB_BYTES >> 20,
+                 unsafe_exec: bool = False) -> None:
+        if release_version not in RELEASE_FILES:
+            raise ConfigError(f"release_version: {release_version!r} is not one of {', '.join(RELEASE_FILES)}")
+        if isinstance(answer_length, bool) or not isinstance(answer_length, int) or answer_length <= 0:
+            raise ConfigError(f"answer_length: must be an integer >= 1 (got {answer_length!r})")
+        for option, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_test_mb", max_test_mb)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{option}: must be a number > 0 (got {value!r})")
+        self.release_version, self.answer_length = release_version, answer_length
+        self.start, self.end = _date(start_date, "start_date"), _date(end_date, "end_date")
+        self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
+        self.max_test_bytes = int(max_test_mb * (1 << 20))
+        self.unsafe_exec = bool(unsafe_exec)
+        self.isolation = check_isolation(unsafe_exec)
+        self.files = self._files(data)
+        self.path = self.files[0]
+        self._instances = [inst for path in self.files for inst in self._read(path)]
+        if not self._instances:
+            raise DataError(f"task '{self.name}': no problem of {', '.join(map(str, self.files))} lies in the "
+                            f"contest dates {start_date or '-'} .. {end_date or '-'}")
+        self.eval_size = len(self._instances)
+
+    # ----------------------------------------------------------------- data
+    def _files(self, data: str | Path | None) -> list[Path]:
+        if data is not None and str(data) != "":
+            folder, where = Path(data).expanduser(), "data"
+            if folder.is_file():
+                return [folder]
+        else:
+            root = os.environ.get(DATA_ENV) or DEFAULT_ROOT
+            folder = Path(root).expanduser() / self.source.folder
+            where = f"${DATA_ENV}" if os.environ.get(DATA_ENV) else f"default data folder ./{DEFAULT_ROOT}"
+        files = [folder / name for name in RELEASE_FILES[self.release_version]]
+        missing = [p for p in files if not p.is_file()]
+        if missing:
+            raise DataError(f"task '{self.name}': {self.release_version} needs {', '.join(map(str, missing))} "
+                            f"({where}); put them there with: {self.source.fetch} (licence: {self.source.licence}), "
+                            "or pass --data PATH (the folder, or one JSONL file)")
+        return files
+
+    @property
+    def max_line_bytes(self) -> int:
+        """The longest problem line read: its encoded private tests at the size bound, plus 1 MiB."""
+        return 2 * self.max_test_bytes + (1 << 20)
+
+    def _line(self, f: Any, where: _Where) -> bytes:
+        raw = f.readline(self.max_line_bytes + 1)
+        if len(raw) > self.max_line_bytes:
+            raise DataError(f"{where.path}:{where.line}: a line longer than {self.max_line_bytes} bytes "
+                            f"(max_test_mb={self.max_test_bytes >> 20} bounds it)")
+        return raw
+
+    def _read(self, path: Path) -> list[Instance]:
+        out = []
+        with path.open("rb") as f:
+            number = 0
+            while True:
+                offset = f.tell()
+                raw = self._line(f, _Where(path, number + 1))
+                if not raw:
+                    break
+                number += 1
+                if raw.strip():
+                    inst = self._parse(raw, _Where(path, number), offset)
+                    if inst is not None:
+                        out.append(inst)
+        return out
+
+    def _record(self, raw: bytes, where: _Where) -> dict[str, Any]:
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"{where.path}:{where.line}: not a JSON line ({exc})") from None
+        _check_fields(record, FIELDS, f"{where.path}:{where.line}")
+        for field in ("question_title", "question_content", "question_id", "contest_date", "starter_code"):
+            if not isinstance(record[field], str):
+                raise where.error(field, f"must be a string, found {type(record[field]).__name__}")
+        return record
+
+    def _parse(self, raw: bytes, where: _Where, offset: int) -> Instance | None:
+        r = self._record(raw, where)
+        try:
+            date = datetime.fromisoformat(r["contest_date"]).replace(tzinfo=None)
+        except ValueError:
+            raise where.error("contest_date", f"{r['contest_date']!r} is not an ISO date") from None
+        platform = _choice(r, "platform", PLATFORMS, where)
+        difficulty = _choice(r, "difficulty", DIFFICULTIES, where)
+        metadata = _json_field(r, "metadata", where)
+        if not isinstance(metadata, dict):
+            raise where.error("metadata", f"must hold a JSON object, found {type(metadata).__name__}")
+        func_name = metadata.get("func_name")
+        if func_name is not None and not (isinstance(func_name, str) and func_name.isidentifier()):
+            raise where.error("metadata", f"func_name {func_name!r} is not a Python identifier")
+        public = parse_tests(_json_field(r, "public_test_cases", where), where, "public_test_cases", func_name)
+        private = parse_tests(decode_private(r["private_test_cases"], where, self.max_test_bytes), where,
+                              "private_test_cases", func_name)
+        if not public and not private:
+            raise where.error("public_test_cases", "the problem has no test at all")
+        if (self.start is not None and date < self.start) or (self.end is not None and date > self.end):
+            return None
+        prompt = lcb_prompt(r["question_content"], r["starter_code"])
+        return Instance(prompt=prompt, reference="", meta={
+            "question_id": r["question_id"], "platform": platform, "difficulty": difficulty,
+            "contest_date": date.isoformat(), "func_name": func_name, "public": public, "n_private": len(private),
+            "source": (str(where.path), offset, where.line), "chat_prompt": prompt,
+        })
+
+    def cases(self, instance: Instance) -> list[tuple[Any, Any]]:
+        """Public then private tests of ``instance`` (the private ones re-read from the file, so a
+        whole release is never held decoded in memory)."""
+        path, offset, line = instance.meta["source"]
+        where = _Where(Path(path), line)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            record = self._record(self._line(f, where), where)
+        private = parse_tests(decode_private(record["private_test_cases"], where, self.max_test_bytes), where,
+                              "private_test_cases", instance.meta["func_name"])
+        return list(instance.meta["public"]) + private
+
+    # ----------------------------------------------------------------- scoring
+    def programs(self, instance: Instance, completion: str) -> tuple[str, str, str, int]:
+        """``(candidate program, test program, entry point, number of tests)`` for ``completion``."""
+        code, cases, func = extract_code(completion), self.cases(instance), instance.meta["func_name"]
+        if func is None:
+            return stdio_candidate(code), stdio_tests(cases, self.timeout_s), "run_stdio", len(cases)
+        return call_candidate(code, func, self.timeout_s), call_tests(cases, self.timeout_s), "run_call", len(cases)
+
+    def run(self, instance: Instance, completion: str) -> SandboxResult:
+        """The sandbox report of ``completion`` on all of the instance's tests."""
+        candidate, tests, entry, n = self.programs(instance, completion)
+        return run_tests(candidate, tests, entry, timeout_s=run_timeout(self.timeout_s, n), memory_mb=self.memory_mb,
+                         unsafe_exec=self.unsafe_exec, isolation=self.isolation)
+
+    def score(self, instance: Instance, completion: str) -> float:
+        if not extract_code(completion).strip():
+            return 0.0  # no fenced program: nothing to run
+        return float(self.run(instance, completion).passed)
+
+    def extra_metrics(self, instances: Sequence[Instance], scores: Sequence[float]) -> dict[str, float]:
+        """pass@1 per difficulty and per platform present: ``accuracy_<difficulty>``, ``accuracy_<platform>``."""
+        groups: dict[str, list[float]] = {}
+        for inst, score in zip(instances, scores):
+            for key in (inst.meta["difficulty"], inst.meta["platform"]):
+                groups.setdefault(f"accuracy_{key}", []).append(float(score))
+        return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+
+    def canonical_key(self, instance: Instance) -> str:
+        return str(instance.meta["question_id"])
+
+    def __repr__(self) -> str:
+        return (f"LiveCodeBenchTask(files={[str(p) for p in self.files]!r}, release_version={self.release_version!r}, "
+                f"n={self.eval_size}, timeout_s={self.timeout_s}, isolation={self.isolation!r})")
