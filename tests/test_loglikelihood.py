@@ -102,6 +102,26 @@ def test_testbed_estimate_matches_its_enumerated_elbo():
     assert right.greedy and not est.greedy and right.logprob > est.logprob + 1
 
 
+def test_full_attention_model_is_one_block_without_padding(tiny, monkeypatch):
+    """A full-attention model (LLaDA-1 style): context and continuation one canvas, no mask padding,
+    every position seeing every other -- LLaDA's own estimator, against its enumeration."""
+    monkeypatch.setattr(tiny, "attention", "full")
+    ctx, cont = [1, 2, 3, 4, 5], [6, 7, 8]
+    exact = 0.0
+    with torch.no_grad():
+        for k in range(1, 4):
+            for subset in itertools.combinations(range(3), k):
+                canvas = [*ctx, *[MASK if j in subset else t for j, t in enumerate(cont)]]
+                n = len(canvas)
+                logits = tiny.forward_window(torch.tensor([canvas]), torch.arange(n)[None], torch.ones(1, n, n, dtype=torch.bool))
+                logp = torch.log_softmax(logits[0].double(), -1)
+                exact += sum(float(logp[5 + j, cont[j]]) for j in subset) / (k * math.comb(3, k))
+    est = estimate_loglikelihood(tiny, ctx, cont, 4, mc_num=3000, mc_batch_size=1000,
+                                 generator=torch.Generator().manual_seed(5))
+    assert 0 < est.stderr < 0.05 and abs(est.logprob - exact) < 4 * est.stderr
+    assert abs(enumerated_elbo(tiny, ctx, cont, 4) - exact) > 10 * est.stderr  # block-causal scoring differs
+
+
 def test_one_token_per_block_is_exact_log_p(tiny):
     """A one-token continuation: log p of that token, the block's rest masked (one forward, no
     error); one token in each of two blocks: the sum of the two exact conditionals."""
@@ -117,6 +137,24 @@ def test_one_token_per_block_is_exact_log_p(tiny):
     near = estimate_loglikelihood(tiny, [1, 2, 3, 4, 5], [7], 4, mc_num=2)
     assert near.logprob != pytest.approx(one, abs=1e-3)
     assert estimate_loglikelihood(tiny, [1, 2], [], 4, mc_num=2).logprob == 0.0
+
+
+def test_greedy_means_every_token_is_the_argmax_with_its_block_masked(tiny):
+    """lm-eval's is_greedy: block by block (earlier blocks clean), the whole continuation of the
+    block masked, each of its tokens is the argmax. The reference continuation is built that way."""
+    ctx, B = [1, 2, 3], 4
+    greedy = []
+    with torch.no_grad():
+        for b_end in (4, 8):  # positions 3 | 4, 5, 6
+            canvas = ([*ctx, *greedy] + [MASK] * 8)[:b_end]
+            i = torch.arange(b_end)
+            logits = tiny.forward_window(torch.tensor([canvas]), i[None], (i[None, :] // B <= i[:, None] // B)[None])
+            greedy += logits[0, len(ctx) + len(greedy):b_end].argmax(-1).tolist()[: 4 - len(greedy)]
+    assert estimate_loglikelihood(tiny, ctx, greedy, B, mc_num=4).greedy
+    for j in range(4):  # the near-misses: any one token off
+        off = [*greedy]
+        off[j] = (off[j] + 1) % 14
+        assert not estimate_loglikelihood(tiny, ctx, off, B, mc_num=4).greedy
 
 
 def test_estimate_is_reproducible_from_its_seed(tiny):
