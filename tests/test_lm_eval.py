@@ -15,6 +15,7 @@ from dlm_toolkit.evaluate import evaluate, load_checkpoint
 from dlm_toolkit.integrations.lm_eval import write_gsm8k_task
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.tasks.gsm8k import extract_answer
+from test_loglikelihood import MC_YAML
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "checkpoints" / "testbed-editable"
@@ -43,20 +44,6 @@ metric_list:
     higher_is_better: true
 """
 
-MC_YAML = """task: dlm_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: multiple_choice
-test_split: test
-doc_to_text: "{{{{prompt}}}}"
-doc_to_choice: ["1", "2"]
-doc_to_target: 0
-metric_list:
-  - metric: acc
-"""
-
 
 @pytest.fixture(scope="module")
 def tasks_dir(tmp_path_factory):
@@ -71,7 +58,9 @@ def tasks_dir(tmp_path_factory):
     write_gsm8k_task(folder, gsm, max_gen_toks=GSM_GEN + 1, name="dlm_gsm8k_local")
     bad = folder / "bad"
     bad.mkdir()
-    (bad / "dlm_mc.yaml").write_text(MC_YAML.format(data=add))
+    mc = bad / "mc.jsonl"
+    mc.write_text(json.dumps({"prompt": "1+2=", "choices": ["3", "4"], "label": 0}) + "\n")
+    (bad / "dlm_mc.yaml").write_text(MC_YAML.format(name="dlm_mc", data=mc))
     (bad / "dlm_long.yaml").write_text(ADD_YAML.format(data=add, until='["\\n"]', max_gen=1000).replace("dlm_add", "dlm_long"))
     (bad / "dlm_empty_stop.yaml").write_text(ADD_YAML.format(data=add, until='[""]', max_gen=7).replace("dlm_add", "dlm_empty_stop"))
     return folder
