@@ -61,6 +61,9 @@ def test_readme_and_help_name_dlm_lm_eval_as_the_entry_point_and_why():
     assert "The entry point is\n`dlm-lm-eval`, not `lm_eval`" in section
     assert "finds models only among its own modules" in section and "plain `lm_eval --model dlm`" in section
     assert "`pretrained`" in section and "`mc_num`" in section and "config.dlm.loglikelihood" in section
+    from dlm_toolkit.integrations.loglik import MAX_MC_NUM
+
+    assert f"`mc_num` outside\n2..{MAX_MC_NUM}" in section  # the bounds the code enforces
     help_text = " ".join(build_parser().format_help().split())
     assert "dlm-lm-eval --model dlm" in help_text and "not `lm_eval --model dlm`" in help_text
     assert "finds models only among its own modules" in help_text

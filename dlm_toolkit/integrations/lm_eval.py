@@ -1,4 +1,5 @@
-"""lm-evaluation-harness model ``dlm``: any lm-eval ``generate_until`` task decoded with a policy of ours.
+"""lm-evaluation-harness model ``dlm``: lm-eval ``generate_until`` tasks decoded with a policy of ours,
+``loglikelihood`` (multiple-choice) tasks scored by a Monte-Carlo estimate of the diffusion ELBO.
 
 Install the extra (``pip install -e ".[eval]"``, lm-eval pinned), then either the CLI::
 
@@ -70,15 +71,15 @@ def _sets(text: str | None) -> dict[str, Any]:
 class DlmLM(LM):
     """lm-eval model over a dlm-toolkit checkpoint and decoding policy (see the module docstring)."""
 
-    def __init__(self, checkpoint: str | None = None, preset: str | None = None, policy: str | None = None, set: str | None = None,
-                 device: str | None = None, dtype: str | None = None, batch_size: int | str = 8,
+    def __init__(self, checkpoint: str | None = None, preset: str | None = None, policy: str | None = None,
+                 set: str | None = None, device: str | None = None, dtype: str | None = None, batch_size: int | str = 8,
                  max_batch_size: int | None = None, seed: int = 0, threads: int | None = None, stop_every: int = 1,
                  kv_cache: bool = True, tracking_uri: str | None = None, experiment_name: str = "dlm-lm-eval",
                  mc_num: int = 128, mc_batch_size: int = 32, pretrained: str | None = None, **unused: Any) -> None:
         super().__init__()
-        from dlm_toolkit.integrations.loglik import check_mc_args
         from dlm_toolkit.distributed import init_from_env
         from dlm_toolkit.evaluate import load_checkpoint
+        from dlm_toolkit.integrations.loglik import check_mc_args
         from dlm_toolkit.policy import DecodingPolicy
         from dlm_toolkit.policy_config import load_policy
         from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
@@ -164,7 +165,7 @@ class DlmLM(LM):
             est = estimate_loglikelihood(self.model, ctx_ids, cont_ids, self.policy.blocks.block_length,
                                          mc_num=self.mc_num, mc_batch_size=self.mc_batch_size,
                                          generator=torch.Generator().manual_seed(seed))
-            self.loglik_log.append({"request": i, "logprob": est.logprob, "stderr": est.stderr,
+            self.loglik_log.append({"request": len(self.loglik_log), "logprob": est.logprob, "stderr": est.stderr,
                                     "samples": est.samples, "exact": est.exact, "greedy": est.greedy,
                                     "continuation_tokens": len(cont_ids)})
             out.append((est.logprob, est.greedy))
