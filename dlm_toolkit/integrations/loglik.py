@@ -127,6 +127,7 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
     groups = _groups(P, l, B)
     exact = all(g.numel() == 1 for g in groups)
     device = model_device(model)
+    attn, positions = attn.to(device), positions.to(device)  # one copy, broadcast over the samples
 
     def score(masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-position log p of the target, and its argmax, for rows of masked continuations."""
@@ -135,7 +136,7 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
         noisy[:, cont_at] = torch.where(masked, torch.full_like(target, mask_id), target)
         ids = torch.cat([noisy, x0[:clean_to].repeat(n, 1)], 1).to(device)
         with torch.inference_mode():
-            logits = model.forward_window(ids, positions.repeat(n, 1).to(device), attn.repeat(n, 1, 1).to(device))
+            logits = model.forward_window(ids, positions.expand(n, -1), attn.expand(n, -1, -1))
             at = logits[:, cont_at.to(device)].float()
             logp = torch.log_softmax(at, -1).gather(-1, target.to(device)[None, :, None].expand(n, l, 1))[..., 0]
             return logp.cpu(), at.argmax(-1).cpu()
