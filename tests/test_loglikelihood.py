@@ -245,7 +245,7 @@ def test_simple_evaluate_multiple_choice_picks_the_testbeds_answers(mc_tasks, mo
     assert any(r["stderr"] > 0 for r in per)  # multi-token options carry a real error
 
 
-def test_lm_eval_model_arguments_and_request_bounds():
+def test_lm_eval_model_arguments_and_request_bounds(caplog):
     from lm_eval.api.instance import Instance
 
     from dlm_toolkit.integrations.lm_eval import DlmLM, request_seeds
@@ -268,7 +268,9 @@ def test_lm_eval_model_arguments_and_request_bounds():
     # the same request scores the same alone and after others (its seed is its own); two copies differ
     a = Instance("loglikelihood", {}, ("12+34=", "46"), 0, ("t", 5, 1))
     b = Instance("loglikelihood", {}, ("12+34=", "64"), 0, ("t", 6, 1))
-    alone = lm.loglikelihood([a], disable_tqdm=True)[0]
+    with caplog.at_level("INFO", logger="dlm_toolkit.integrations.lm_eval"):
+        alone = lm.loglikelihood([a], disable_tqdm=True)[0]
+    assert f"dlm loglikelihood: 1 requests, mc_num 4, standard error mean {lm.loglik_log[-1]['stderr']:.4g}" in caplog.text
     assert lm.loglikelihood([b, fits, a], disable_tqdm=True)[2] == alone
     seeds = request_seeds(0, [a, a, b])
     assert seeds[0] != seeds[1] != seeds[2] and request_seeds(0, [b, a])[1] == seeds[0]

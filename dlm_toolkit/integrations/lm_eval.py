@@ -37,6 +37,7 @@ rank decodes every request on its shard of the model; only rank 0 prints and wri
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, Sequence
@@ -170,6 +171,11 @@ class DlmLM(LM):
                                     "continuation_tokens": len(cont_ids)})
             out.append((est.logprob, est.greedy))
             self.cache_hook.add_partial("loglikelihood", requests[i].args, out[-1])
+        if out and _is_main():
+            errors = [r["stderr"] for r in self.loglik_log[-len(out):]]
+            logging.getLogger(__name__).info(
+                "dlm loglikelihood: %d requests, mc_num %d, standard error mean %.4g, max %.4g (per request: "
+                "config.dlm.loglikelihood)", len(out), self.mc_num, sum(errors) / len(errors), max(errors))
         return out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
