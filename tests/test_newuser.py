@@ -142,6 +142,11 @@ class EveryPosition(UnmaskRule):
 
 class TestEveryPosition(UnmaskRuleContract):
     rule_factory = EveryPosition
+
+
+def test_authors_own():
+    ratio = 1
+    assert ratio == 2
 '''
 
 
@@ -150,7 +155,7 @@ def test_a_broken_contract_is_reported_in_a_few_lines(pytester):
 
     def run(*plugin: str) -> str:
         done = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", *plugin, "-k",
-                                            "selection_contract or keeps_no_state")
+                                            "selection_contract or keeps_no_state or authors_own")
         assert done.ret == 1, done.stdout.str()[-3000:]
         return done.stdout.str()
 
@@ -163,7 +168,9 @@ def test_a_broken_contract_is_reported_in_a_few_lines(pytester):
     assert failures.count("contract failed: EveryPosition() (case seed 0, step 0): selected positions") == 1
     assert "contract failed: m2t rule 'test_broken:EveryPosition' selected position 0" in failures  # StrategyError
     assert "(dlm_toolkit/testing/contracts_rules.py:" in failures
-    assert "def " not in failures and len(failures.splitlines()) < 15
+    contracts, _, own = failures.partition("test_authors_own")  # the author's own assert: pytest's report
+    assert "assert 1 == 2" in own and "ratio = 1" in own and "contract failed" not in own
+    assert "def " not in contracts and len(contracts.splitlines()) < 15
     long = run("-p", "no:dlm_toolkit")  # the near-miss: pytest's own report, pages of the suite's source
     assert "contract failed" not in long and len(long.splitlines()) > 5 * len(failures.splitlines())
 
