@@ -21,8 +21,14 @@ from dlm_toolkit.policy import StrategyError
 COMMANDS = ("decode", "conformance", "strategies", "sweep", "eval", "train", "compare")
 
 
+LM_EVAL_NOTE = ("lm-evaluation-harness: run `dlm-lm-eval --model dlm --model_args checkpoint=DIR ...` (pip install "
+                "-e \".[eval]\"), not `lm_eval --model dlm`: lm-eval 0.4.13 finds models only among its own modules, "
+                "so `dlm-lm-eval` is lm-eval's own command line with the dlm model registered first.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlm", description="Decoding strategies for diffusion language models.")
+    parser = argparse.ArgumentParser(prog="dlm", description="Decoding strategies for diffusion language models.",
+                                     epilog=LM_EVAL_NOTE)
     sub = parser.add_subparsers(dest="command", required=True)
 
     for command in COMMANDS:

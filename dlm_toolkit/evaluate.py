@@ -12,7 +12,6 @@ from tqdm import tqdm
 from dlm_toolkit.chat import encode_prompt, use_chat
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
-from dlm_toolkit.decode import check_context
 from dlm_toolkit.generate import generate, strip_eos  # noqa: F401  (strip_eos: re-exported, notebooks use it)
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.models.llada2 import TensorParallel
@@ -179,9 +178,18 @@ def metrics_from(totals: dict[str, float], n: int) -> dict[str, float]:
 
 
 def check_task_context(model: DiffusionLM, needed: int, policy: DecodingPolicy, task: str) -> None:
-    """Refuse a task whose prompt + answer (rounded up to whole blocks) exceeds the model's context."""
+    """Refuse a task whose prompt + answer (rounded up to whole blocks) exceeds the model's context.
+
+    Evaluations (``dlm eval``, sweeps, lm-eval) never decode past it, so the message names what
+    they do accept instead of :func:`check_context`'s ``--allow-past-context`` (``dlm decode`` only)."""
     block = policy.blocks.block_length
-    check_context(model, -(-needed // block) * block, block, f"task '{task}'")
+    canvas = -(-needed // block) * block
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit is not None and canvas > limit:
+        raise ConfigError(
+            f"task '{task}' needs a canvas of {canvas} positions (prompt + answer, whole blocks of {block}) but the "
+            f"model's context is {limit} (max_position_embeddings); an evaluation does not decode past the context: "
+            "shorten the prompt or --gen-length (only `dlm decode --allow-past-context` decodes past it)")
 
 
 def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: str | torch.device | None = None,

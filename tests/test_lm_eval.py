@@ -15,6 +15,7 @@ from dlm_toolkit.evaluate import evaluate, load_checkpoint
 from dlm_toolkit.integrations.lm_eval import write_gsm8k_task
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.tasks.gsm8k import extract_answer
+from test_loglikelihood import MC_YAML
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "checkpoints" / "testbed-editable"
@@ -43,20 +44,6 @@ metric_list:
     higher_is_better: true
 """
 
-MC_YAML = """task: dlm_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: multiple_choice
-test_split: test
-doc_to_text: "{{{{prompt}}}}"
-doc_to_choice: ["1", "2"]
-doc_to_target: 0
-metric_list:
-  - metric: acc
-"""
-
 
 @pytest.fixture(scope="module")
 def tasks_dir(tmp_path_factory):
@@ -71,7 +58,9 @@ def tasks_dir(tmp_path_factory):
     write_gsm8k_task(folder, gsm, max_gen_toks=GSM_GEN + 1, name="dlm_gsm8k_local")
     bad = folder / "bad"
     bad.mkdir()
-    (bad / "dlm_mc.yaml").write_text(MC_YAML.format(data=add))
+    mc = bad / "mc.jsonl"
+    mc.write_text(json.dumps({"prompt": "1+2=", "choices": ["3", "4"], "label": 0}) + "\n")
+    (bad / "dlm_mc.yaml").write_text(MC_YAML.format(name="dlm_mc", data=mc))
     (bad / "dlm_long.yaml").write_text(ADD_YAML.format(data=add, until='["\\n"]', max_gen=1000).replace("dlm_add", "dlm_long"))
     (bad / "dlm_empty_stop.yaml").write_text(ADD_YAML.format(data=add, until='[""]', max_gen=7).replace("dlm_add", "dlm_empty_stop"))
     return folder
@@ -147,8 +136,9 @@ def test_cli_under_torchrun_prints_once_and_equals_dlm_eval(tasks_dir, tmp_path)
 
 
 def test_bad_request_exits_2_with_one_message_and_writes_nothing(tasks_dir, tmp_path, monkeypatch, capsys):
-    """Through lm-eval's CLI: a task whose requests the model cannot serve. (lm-eval's index of its
-    ~10k built-in task files is skipped here to save 15 s: only the custom task is looked up.)"""
+    """Through lm-eval's CLI: a multiple-choice task with ``mc_num=0`` (no Monte-Carlo sample to
+    estimate its loglikelihood from). (lm-eval's index of its ~10k built-in task files is skipped
+    here to save 15 s: only the custom task is looked up.)"""
     import functools
 
     import lm_eval.tasks
@@ -159,11 +149,38 @@ def test_bad_request_exits_2_with_one_message_and_writes_nothing(tasks_dir, tmp_
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager, include_defaults=False))
     out = tmp_path / "out"
-    code = main(["--model", "dlm", "--model_args", f"checkpoint={TESTBED},threads=1", "--tasks", "dlm_mc",
+    code = main(["--model", "dlm", "--model_args", f"checkpoint={TESTBED},threads=1,mc_num=0", "--tasks", "dlm_mc",
                  "--include_path", str(tasks_dir / "bad"), "--output_path", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("error: ") and "loglikelihood" in err[-1] and "generate_until" in err[-1]
+    assert code == 2 and err[-1].startswith("error: mc_num: must be an integer in [2, ")
     assert not out.exists()
+
+
+def test_sampled_request_decodes_the_same_in_any_batch_or_group():
+    """At temperature 1 a request's text depends on its own stream only: the same request alone,
+    or second in a batch after requests of another group, gives the same text; other requests
+    (same prompt, other documents) and a second copy of one (lm-eval's repeats) draw other streams."""
+    from lm_eval.api.instance import Instance
+
+    from dlm_toolkit.integrations.lm_eval import DlmLM
+
+    lm = DlmLM(checkpoint=str(REPO / "checkpoints" / "testbed-v2-editable"), preset="llada2.1-q",
+               set="sampling.temperature=1.0", threads=1, batch_size=4)
+    prompt = get_task("pick").instances(1, 0, "eval")[0].prompt  # many correct answers: sampling shows
+
+    def req(doc: int, until: str = "@@") -> Instance:
+        return Instance("generate_until", {}, (prompt, {"until": [until], "max_gen_toks": 40}), 0, ("pick", doc, 1))
+
+    alone = lm.generate_until([req(0)], disable_tqdm=True)[0]
+    other_group = [req(d, "##") for d in (7, 8, 9)]
+    mixed = lm.generate_until([*other_group, req(5), req(0), req(6)], disable_tqdm=True)
+    assert mixed[4] == alone
+    others = lm.generate_until([req(d) for d in range(1, 7)], disable_tqdm=True)
+    assert len({alone, *others}) >= 3  # the near-miss: other requests, other streams
+    assert mixed[3] == others[4] and mixed[5] == others[5]
+    twice = req(0)
+    copies = lm.generate_until([twice] * 6, disable_tqdm=True)
+    assert copies[0] == alone and len(set(copies)) >= 2
 
 
 @pytest.mark.parametrize("task, needle", [

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness model ``dlm``: any lm-eval ``generate_until`` task decoded with a policy of ours.
+"""lm-evaluation-harness model ``dlm``: lm-eval ``generate_until`` tasks decoded with a policy of ours,
+``loglikelihood`` (multiple-choice) tasks scored by a Monte-Carlo estimate of the diffusion ELBO.
 
 Install the extra (``pip install -e ".[eval]"``, lm-eval pinned), then either the CLI::
 
@@ -12,23 +13,31 @@ cannot find it), or Python::
     import dlm_toolkit.integrations.lm_eval  # registers "dlm"
     lm_eval.simple_evaluate(model="dlm", model_args="checkpoint=DIR,preset=llada2.1-q", tasks=[...])
 
-Model arguments: ``checkpoint`` (required), ``preset`` or ``policy`` (a policy file), ``set``
-(``KEY=VALUE``, several joined by ``;``), ``device``, ``dtype``, ``threads``, ``seed`` (row
-streams: request i draws from ``row_seed(seed, i)``), ``stop_every`` (blocks between stop-string
-checks), ``kv_cache``, ``tracking_uri`` (MLflow; default ``$MLFLOW_TRACKING_URI`` when set) and
-``experiment_name``; lm-eval's ``--batch_size`` is the decode batch.
+Model arguments: ``checkpoint`` (required; ``pretrained`` is accepted as its alias, the key lm-eval
+users type first), ``preset`` or ``policy`` (a policy file), ``set`` (``KEY=VALUE``, several joined
+by ``;``), ``device``, ``dtype``, ``threads``, ``seed`` (each request draws from its own stream,
+seeded from ``seed`` and the request itself -- task, document, arguments and, for lm-eval's
+repeats, its occurrence -- so a request decodes and scores the same whatever batch, group or
+other requests it comes with), ``stop_every`` (blocks between stop-string checks), ``kv_cache``,
+``mc_num`` and ``mc_batch_size`` (loglikelihood: Monte-Carlo samples per request, and per forward),
+``tracking_uri`` (MLflow; default ``$MLFLOW_TRACKING_URI`` when set) and ``experiment_name``;
+lm-eval's ``--batch_size`` is the decode batch.
 
 ``generate_until`` decodes batches of requests with the policy, stops each row at the request's
 ``until`` strings or EOS (its further blocks are not decoded: :mod:`dlm_toolkit.generate`) and at
 ``max_gen_toks`` tokens. Per request NFE, tokens, TPF and how it stopped, and the totals (TPF,
 tokens/s), go into the results under ``config.dlm`` (and into MLflow when a tracking URI is set).
-``loglikelihood`` (multiple-choice and perplexity tasks) is refused with one message: a diffusion
-LM has no exact likelihood here. Under ``torchrun`` every rank decodes every request on its shard
-of the model; only rank 0 prints and writes.
+``loglikelihood`` (multiple-choice tasks) is a Monte-Carlo estimate of the masked-diffusion ELBO
+(:mod:`dlm_toolkit.integrations.loglik`: exact for a one-token continuation); each request's
+estimate, standard error and sample count go into ``config.dlm.loglikelihood`` (lm-eval itself
+takes only ``(logprob, is_greedy)``). ``loglikelihood_rolling`` (perplexity) sums the estimates
+of disjoint windows, each conditioned on up to the window before it. Under ``torchrun`` every
+rank decodes every request on its shard of the model; only rank 0 prints and writes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, Sequence
@@ -47,10 +56,6 @@ DEFAULT_MAX_GEN_TOKS = 256
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm-eval's CLI passes this unless --device says otherwise
 
 
-class UnsupportedRequest(ConfigError):
-    """An lm-eval request type the dlm model does not serve."""
-
-
 def _sets(text: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in (text or "").split(";"):
@@ -67,20 +72,27 @@ def _sets(text: str | None) -> dict[str, Any]:
 class DlmLM(LM):
     """lm-eval model over a dlm-toolkit checkpoint and decoding policy (see the module docstring)."""
 
-    def __init__(self, checkpoint: str, preset: str | None = None, policy: str | None = None, set: str | None = None,
-                 device: str | None = None, dtype: str | None = None, batch_size: int | str = 8,
+    def __init__(self, checkpoint: str | None = None, preset: str | None = None, policy: str | None = None,
+                 set: str | None = None, device: str | None = None, dtype: str | None = None, batch_size: int | str = 8,
                  max_batch_size: int | None = None, seed: int = 0, threads: int | None = None, stop_every: int = 1,
                  kv_cache: bool = True, tracking_uri: str | None = None, experiment_name: str = "dlm-lm-eval",
-                 **unused: Any) -> None:
+                 mc_num: int = 128, mc_batch_size: int = 32, pretrained: str | None = None, **unused: Any) -> None:
         super().__init__()
         from dlm_toolkit.distributed import init_from_env
         from dlm_toolkit.evaluate import load_checkpoint
+        from dlm_toolkit.integrations.loglik import check_mc_args
         from dlm_toolkit.policy import DecodingPolicy
         from dlm_toolkit.policy_config import load_policy
         from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 
         if preset and policy:
             raise ConfigError("model_args: give preset or policy, not both")
+        if checkpoint and pretrained and str(checkpoint) != str(pretrained):
+            raise ConfigError("model_args: give checkpoint or pretrained (its alias), not both")
+        checkpoint = checkpoint or pretrained
+        if not checkpoint:
+            raise ConfigError("model_args: checkpoint=DIR (or pretrained=DIR) is required")
+        self.mc_num, self.mc_batch_size = check_mc_args(mc_num, mc_batch_size)
         self.config = load_policy(policy or preset, _sets(set))
         self.policy = DecodingPolicy(self.config)
         self.batch_size = 8 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
@@ -96,6 +108,7 @@ class DlmLM(LM):
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         self.experiment_name = experiment_name
         self.requests_log: list[dict[str, Any]] = []
+        self.loglik_log: list[dict[str, Any]] = []
         self.wall = 0.0
 
     @classmethod
@@ -131,19 +144,80 @@ class DlmLM(LM):
         return self.tokenizer.apply_chat_template(chat_history, tokenize=False, continue_final_message=True)
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        raise UnsupportedRequest(
-            "lm-eval task needs loglikelihood (multiple-choice or perplexity), which the dlm model does not serve: "
-            "a diffusion LM has no exact likelihood here; use a generate_until task (e.g. gsm8k, mbpp, a "
-            "generative variant such as *_cot or *_generative of the same benchmark)")
+        """``(log p, is_greedy)`` per ``(context, continuation)`` request: the Monte-Carlo ELBO of
+        :mod:`dlm_toolkit.integrations.loglik` (``mc_num`` samples, exact for one token); each
+        estimate's standard error goes into :attr:`loglik_log` and the results' ``config.dlm``."""
+        import torch
+
+        from dlm_toolkit.evaluate import check_task_context
+        from dlm_toolkit.integrations.loglik import estimate_loglikelihood
+
+        pairs = []
+        for req in requests:
+            context, continuation = req.args[0], req.args[1]
+            ctx_ids, cont_ids = self._encode_pair(context, continuation)
+            check_task_context(self.model, len(ctx_ids) + len(cont_ids), self.policy,
+                               "lm-eval loglikelihood request (context + continuation)")
+            pairs.append((ctx_ids, cont_ids))
+        out = []
+        seeds = request_seeds(self.seed, requests)
+        for i, ((ctx_ids, cont_ids), seed) in enumerate(tqdm(list(zip(pairs, seeds)), desc="dlm loglikelihood",
+                                                             disable=disable_tqdm or not _is_main())):
+            est = estimate_loglikelihood(self.model, ctx_ids, cont_ids, self.policy.blocks.block_length,
+                                         mc_num=self.mc_num, mc_batch_size=self.mc_batch_size,
+                                         generator=torch.Generator().manual_seed(seed))
+            self.loglik_log.append({"request": len(self.loglik_log), "logprob": est.logprob, "stderr": est.stderr,
+                                    "samples": est.samples, "exact": est.exact, "greedy": est.greedy,
+                                    "continuation_tokens": len(cont_ids)})
+            out.append((est.logprob, est.greedy))
+            self.cache_hook.add_partial("loglikelihood", requests[i].args, out[-1])
+        if out and _is_main():
+            errors = [r["stderr"] for r in self.loglik_log[-len(out):]]
+            logging.getLogger(__name__).info(
+                "dlm loglikelihood: %d requests, mc_num %d, standard error mean %.4g, max %.4g (per request: "
+                "config.dlm.loglikelihood)", len(out), self.mc_num, sum(errors) / len(errors), max(errors))
+        return out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        return self.loglikelihood(requests)  # type: ignore[return-value]
+        """Perplexity tasks: a document's log-likelihood as the sum of the estimates of disjoint
+        windows of half the context, each conditioned on (up to) the window before it."""
+        import torch
+
+        from dlm_toolkit.integrations.loglik import estimate_loglikelihood
+
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None) or 4096
+        block = self.policy.blocks.block_length
+        width = max(1, (limit // 2) // block * block)
+        out = []
+        for req, seed in zip(requests, request_seeds(self.seed, requests)):
+            ids = encode_text(self.tokenizer, req.args[0])
+            gen = torch.Generator().manual_seed(seed)
+            total, var = 0.0, 0.0
+            for lo in range(0, len(ids), width):
+                est = estimate_loglikelihood(self.model, ids[max(0, lo - width):lo], ids[lo:lo + width], block,
+                                             mc_num=self.mc_num, mc_batch_size=self.mc_batch_size, generator=gen)
+                total, var = total + est.logprob, var + est.stderr ** 2
+            self.loglik_log.append({"request": len(self.loglik_log), "logprob": total, "stderr": var ** 0.5,
+                                    "rolling": True, "tokens": len(ids)})
+            out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return out
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Token ids of a request's context and continuation, split as lm-eval's own models split
+        them: trailing spaces of the context move to the continuation, the pair is encoded whole
+        and the continuation is what follows the context's own encoding."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        whole = encode_text(self.tokenizer, context + continuation)
+        ctx = encode_text(self.tokenizer, context)
+        return whole[:len(ctx)], whole[len(ctx):]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        from dlm_toolkit.chat import encode_prompt
         from dlm_toolkit.evaluate import check_task_context
-        from dlm_toolkit.state import row_seed
 
+        seeds = request_seeds(self.seed, requests)
         jobs = []
         for i, req in enumerate(requests):
             context, kwargs = req.args[0], dict(req.args[1] or {})
@@ -153,7 +227,7 @@ class DlmLM(LM):
             max_gen = kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", DEFAULT_MAX_GEN_TOKS))
             if isinstance(max_gen, bool) or not isinstance(max_gen, int) or max_gen < 1:
                 raise ConfigError(f"max_gen_toks: must be an integer >= 1 (got {max_gen!r})")
-            ids = encode_prompt(self.tokenizer, context, False)  # a chat template, if asked, is already applied
+            ids = encode_text(self.tokenizer, context)
             check_task_context(self.model, len(ids) + max_gen, self.policy, "lm-eval request (prompt + max_gen_toks)")
             jobs.append((i, ids, stops, max_gen))
         out: list[str] = [""] * len(requests)
@@ -166,7 +240,7 @@ class DlmLM(LM):
             for start in range(0, len(members), self.batch_size):
                 chunk = members[start : start + self.batch_size]
                 rows, wall = generate(self.model, self.tokenizer, [ids for _, ids in chunk], self.policy, max_gen,
-                                      stop=stops, seeds=[row_seed(self.seed, i) for i, _ in chunk],
+                                      stop=stops, seeds=[seeds[i] for i, _ in chunk],
                                       kv_cache=self.kv_cache, stop_every=self.stop_every)
                 self.wall += wall
                 for (i, _), row in zip(chunk, rows):
@@ -195,6 +269,11 @@ class DlmLM(LM):
         info = {"dlm": {"checkpoint": self.checkpoint, "policy": self.config.model_dump(mode="json"),
                         "policy_hash": self.config.config_hash(), **totals,
                         "per_request": sorted(self.requests_log, key=lambda r: r["request"])}}
+        if self.loglik_log:
+            errors = [r["stderr"] for r in self.loglik_log]
+            info["dlm"]["loglikelihood"] = {"mc_num": self.mc_num, "mc_batch_size": self.mc_batch_size,
+                                            "requests": len(self.loglik_log), "stderr_max": max(errors),
+                                            "stderr_mean": sum(errors) / len(errors), "per_request": self.loglik_log}
         if self.tracking_uri and _is_main() and self.requests_log:
             info["dlm"]["mlflow_run_id"] = self._log_mlflow(totals)
         return info
@@ -267,6 +346,35 @@ def write_gsm8k_task(folder: str | os.PathLike, data: str | os.PathLike, max_gen
     return name
 
 
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Raw ids of ``text`` (no special tokens; a chat template, if asked, is already applied)."""
+    from dlm_toolkit.chat import encode_prompt
+
+    return encode_prompt(tokenizer, text, False)
+
+
+def request_seeds(seed: int, requests: Sequence[Any]) -> list[int]:
+    """One stream seed per request, from ``seed`` and the request itself (task, document, index,
+    arguments) plus its occurrence among identical requests (lm-eval's ``repeats`` send one request
+    several times; each copy samples anew). Never from its position in the list, a batch or a group:
+    the same request gives the same text and the same estimate whatever it is sent with."""
+    import hashlib
+    import json
+
+    from dlm_toolkit.state import row_seed
+
+    seen: dict[str, int] = {}
+    out = []
+    for req in requests:
+        key = json.dumps([getattr(req, "task_name", None), getattr(req, "doc_id", None), getattr(req, "idx", None),
+                          list(req.args)], sort_keys=True, default=str)
+        occurrence = seen.get(key, 0)
+        seen[key] = occurrence + 1
+        digest = hashlib.sha256(f"{key}|{occurrence}".encode()).digest()
+        out.append(row_seed(seed, int.from_bytes(digest[:8], "big")))
+    return out
+
+
 def _is_main() -> bool:
     from dlm_toolkit.distributed import is_main_process
 
@@ -277,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``dlm-lm-eval``: lm-eval's command line with the ``dlm`` model registered.
 
     Bad input (our checks: a policy, a checkpoint, stop strings, ``max_gen_toks`` past the context,
-    a request type the model does not serve) exits 2 with one line. Under ``torchrun`` the model
+    ``mc_num``, a loglikelihood request past the context) exits 2 with one line. Under ``torchrun`` the model
     joins the process group as it loads (:func:`dlm_toolkit.distributed.init_from_env`), which
     silences ``stdout`` on ranks other than 0, and lm-eval then saves results on rank 0 only.
     """

@@ -261,6 +261,32 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def cut_list(items: Sequence[Any], most: int = 10) -> str:
+    """``[a, b, c]``, or the first ``most`` then ``..., +N more`` (a cut list says it is cut)."""
+    shown = ", ".join(map(str, items[:most]))
+    return f"[{shown}]" if len(items) <= most else f"[{shown}, ... +{len(items) - most} more]"
+
+
+def trial_count(summary: ParetoSummary) -> str:
+    """``"N complete trials"`` counted as the sweep counts them (a repeat of a stored policy is a
+    complete trial, but only its original is a point): both numbers when they differ."""
+    complete, repeats = summary.counts.get("complete"), summary.counts.get("duplicates", 0)
+    if complete is None or not repeats:
+        return f"{len(summary.points)} complete trials"
+    return (f"{complete} complete trials ({len(summary.points)} distinct points; {repeats} repeated a stored "
+            "policy and reused its result: duplicate_of)")
+
+
+def auc_text(summary: ParetoSummary) -> str:
+    """The AUC, or ``n/a`` when the front has fewer than two distinct (TPF, accuracy) points (no
+    curve has an area: a single point is not an AUC of 0)."""
+    plane = [(p.metrics["accuracy"], p.metrics["tpf"]) for p in summary.points if "accuracy" in p.metrics and "tpf" in p.metrics]
+    distinct = {plane[i] for i in non_dominated(plane, ("maximize", "maximize"))}  # the points front_auc joins
+    if summary.auc is None or len(distinct) < 2:
+        return "n/a (one point on the front)"
+    return f"{summary.auc:.4g}"
+
+
 def format_table(summary: ParetoSummary) -> str:
     """The front as a plain-text table plus the summary numbers."""
     metrics = list(dict.fromkeys([*summary.objectives, "accuracy", "tpf"]))
@@ -279,10 +305,8 @@ def format_table(summary: ParetoSummary) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     lines = [f"Pareto front of study '{summary.study_name}' ("
              + ", ".join(f"{d} {m}" for m, d in summary.objectives.items())
-             + f"); {len(summary.front)} of {len(summary.points)} complete trials"
-             + (f", {len(rows)} distinct policies" if len(rows) != len(summary.front) else "")
-             + (f"; {summary.counts['duplicates']} repeated trials reused a stored result (duplicate_of)"
-                if summary.counts.get("duplicates") else "")]
+             + f"); {len(summary.front)} on the front of {trial_count(summary)}"
+             + (f", {len(rows)} distinct policies" if len(rows) != len(summary.front) else "")]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if not rows:
@@ -291,7 +315,7 @@ def format_table(summary: ParetoSummary) -> str:
         lines.append(f"(no complete trials{': ' + other if other else ''})")
     if summary.hypervolume is not None:
         lines.append(f"hypervolume (accuracy x TPF, reference (0, 0)): {summary.hypervolume:.4g}; "
-                     f"AUC of accuracy over TPF along the front: {summary.auc:.4g}")
+                     f"AUC of accuracy over TPF along the front: {auc_text(summary)}")
     for name, pt in summary.presets.items():
         if pt is None:
             lines.append(f"preset {name}: no complete trial")
@@ -301,7 +325,7 @@ def format_table(summary: ParetoSummary) -> str:
         sp_text = (f"; best TPF at >= its accuracy: {sp['ratio']:.2f}x (trial {sp['trial']})" if sp else "")
         lines.append(f"preset {name} (trial {pt.trial}): accuracy {pt.metrics['accuracy']:.4g}, "
                      f"tpf {pt.metrics['tpf']:.4g}; dominated by "
-                     f"{len(dom)} trial(s){' ' + str(dom[:10]) if dom else ''}{sp_text}")
+                     f"{len(dom)} trial(s){' ' + cut_list(dom) if dom else ''}{sp_text}")
     lines.append("TPF = generated tokens up to and including the first EOS, per forward. 'tied with': the exact "
                  "McNemar test on the same instances does not tell its accuracy from the preset's (p >= 0.05).")
     return "\n".join(lines)

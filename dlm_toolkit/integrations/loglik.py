@@ -1,0 +1,157 @@
+"""Log-likelihood of a continuation under a masked-diffusion LM: a Monte-Carlo estimate of the ELBO.
+
+A diffusion LM has no tractable ``log p(continuation | context)``; what it has is the masked-
+diffusion evidence lower bound, which LLaDA's own evaluation (and Fast-dLLM, dllm) estimate for
+lm-eval's multiple-choice tasks. For a block-causal model (LLaDA2) the continuation is scored the
+way it is decoded, block by block (blocks of ``B`` aligned at absolute position 0 as in the decode)::
+
+    log p(x | c) >= sum_b  E_{k_b ~ U{1..l_b}, S_b}  (l_b / k_b) * sum_{i in S_b} log p(x_i | c, x_<b, x_b \\ S_b)
+
+``l_b``: continuation positions in block ``b``; ``S_b``: ``k_b`` of them, a uniformly random
+subset, replaced by the mask token. Each block sees the context and the earlier blocks clean (the
+decode's view when it reaches block ``b``; teacher-forced as in training) and its own unmasked
+positions; positions of the last block past the continuation hold the mask token, as in a decode
+canvas, so the continuation is scored as the start of a generation (the rest is marginalised).
+All blocks of one sample go through ONE forward in the ``[x_t ; x_0]`` layout the model was
+trained on (:func:`~dlm_toolkit.training_objective.block_diffusion_attn_mask`). A full-attention
+model (LLaDA-1 style) is one block holding context and continuation, no padding: LLaDA's estimator.
+
+Samples are i.i.d. (no stratification), so the standard error is the samples' standard
+deviation over ``sqrt(mc_num)``. Where no sample can vary -- every block holds one continuation
+position, e.g. a one-token continuation -- the bound is exact (``log p`` of that token) and one
+forward computes it. ``greedy`` (lm-eval's ``is_greedy``): every continuation token is the argmax
+when its whole block's continuation is masked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.models.base import DiffusionLM, model_device
+from dlm_toolkit.training_objective import block_diffusion_attn_mask
+
+__all__ = ["LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_mc_args", "estimate_loglikelihood"]
+
+MAX_MC_NUM = 100_000  # samples per request; LLaDA's evaluation uses 128, dllm up to 1024
+MAX_MC_BATCH = 4096  # rows of one forward
+
+
+@dataclass(frozen=True)
+class LoglikEstimate:
+    """One request's estimate: ``logprob`` (nats), its ``stderr`` (0 when ``exact``), the number of
+    Monte-Carlo ``samples`` (1 when exact) and lm-eval's ``greedy`` flag."""
+
+    logprob: float
+    stderr: float
+    samples: int
+    exact: bool
+    greedy: bool
+
+
+def _positive_int(value: object, name: str, lo: int, hi: int, why: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{name}: must be an integer in [{lo}, {hi}]{why} (got {value!r})")
+    return value
+
+
+def check_mc_args(mc_num: object, mc_batch_size: object) -> tuple[int, int]:
+    """``(mc_num, mc_batch_size)`` checked: at least two samples (a standard error needs two), at
+    most :data:`MAX_MC_NUM`; a batch of 1 to :data:`MAX_MC_BATCH` rows."""
+    n = _positive_int(mc_num, "mc_num", 2, MAX_MC_NUM, " (samples per request; a standard error needs two)")
+    b = _positive_int(mc_batch_size, "mc_batch_size", 1, MAX_MC_BATCH, " (samples per forward)")
+    return n, b
+
+
+def _groups(P: int, l: int, block: int | None) -> list[torch.Tensor]:
+    """Continuation offsets (0..l-1) grouped by block; one group for a full-attention model."""
+    if block is None:
+        return [torch.arange(l)]
+    blocks = (P + torch.arange(l)) // block
+    return [torch.nonzero(blocks == b).flatten() for b in torch.unique(blocks)]
+
+
+def _draw(groups: list[torch.Tensor], l: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(masked, weight)``, both ``(n, l)``: per sample and block, ``k ~ U{1..l_b}`` positions of a
+    uniformly random subset are masked, each weighted ``l_b / k``."""
+    masked = torch.zeros(n, l, dtype=torch.bool)
+    weight = torch.zeros(n, l)
+    for idx in groups:
+        size = idx.numel()
+        k = torch.randint(1, size + 1, (n, 1), generator=gen)
+        rank = torch.rand(n, size, generator=gen).argsort(1).argsort(1)  # a uniform random order
+        hit = rank < k
+        masked[:, idx] = hit
+        weight[:, idx] = torch.where(hit, size / k.float(), torch.zeros(()))
+    return masked, weight
+
+
+def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuation: Sequence[int],
+                           block_length: int, *, mc_num: int = 128, mc_batch_size: int = 32,
+                           generator: torch.Generator | None = None) -> LoglikEstimate:
+    """Estimate ``log p(continuation | context)`` (the ELBO of the module docstring).
+
+    Args:
+        model: any :class:`~dlm_toolkit.models.base.DiffusionLM` (``attention`` block-causal or full).
+        context, continuation: token ids; an empty continuation has log-likelihood 0 exactly.
+        block_length: the decode's block length (ignored by a full-attention model).
+        mc_num, mc_batch_size: samples, and samples per forward (:func:`check_mc_args`).
+        generator: CPU generator the masks are drawn from (seed it for reproducible estimates).
+    """
+    mc_num, mc_batch_size = check_mc_args(mc_num, mc_batch_size)
+    P, l = len(context), len(continuation)
+    if l == 0:
+        return LoglikEstimate(0.0, 0.0, 1, True, True)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    full = getattr(model, "attention", "block_causal") == "full"
+    B = None if full else int(block_length)
+    mask_id = int(model.mask_token_id)
+    L = P + l if full else -(-(P + l) // B) * B
+    x0 = torch.tensor([*context, *continuation] + [mask_id] * (L - P - l), dtype=torch.long)
+    pos = torch.arange(L)
+    blk = torch.zeros(L, dtype=torch.long) if full else pos // B
+    noisy_from = 0 if full else (P // B) * B  # blocks holding continuation positions
+    clean_to = 0 if full else L - B  # the last clean block is never attended
+    T_noisy = L - noisy_from
+    flags = torch.cat([torch.ones(T_noisy, dtype=torch.bool), torch.zeros(clean_to, dtype=torch.bool)])
+    blocks = torch.cat([blk[noisy_from:], blk[:clean_to]])
+    positions = torch.cat([pos[noisy_from:], pos[:clean_to]])
+    attn = block_diffusion_attn_mask(flags[None], blocks[None], torch.ones_like(flags)[None])[0]
+    target = torch.tensor(list(continuation), dtype=torch.long)
+    cont_at = P - noisy_from + torch.arange(l)  # the continuation's slots in the noisy half
+
+    groups = _groups(P, l, B)
+    exact = all(g.numel() == 1 for g in groups)
+    device = model_device(model)
+    attn, positions = attn.to(device), positions.to(device)  # one copy, broadcast over the samples
+
+    def score(masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-position log p of the target, and its argmax, for rows of masked continuations."""
+        n = masked.shape[0]
+        noisy = x0[noisy_from:].repeat(n, 1)
+        noisy[:, cont_at] = torch.where(masked, torch.full_like(target, mask_id), target)
+        ids = torch.cat([noisy, x0[:clean_to].repeat(n, 1)], 1).to(device)
+        with torch.inference_mode():
+            logits = model.forward_window(ids, positions.expand(n, -1), attn.expand(n, -1, -1))
+            at = logits[:, cont_at.to(device)].float()
+            logp = torch.log_softmax(at, -1).gather(-1, target.to(device)[None, :, None].expand(n, l, 1))[..., 0]
+            return logp.cpu(), at.argmax(-1).cpu()
+
+    everything = torch.ones(1, l, dtype=torch.bool)  # the greedy check's row rides along the first batch
+    if exact:
+        logp, argmax = score(everything)
+        return LoglikEstimate(float(logp[0].sum()), 0.0, 1, True, bool((argmax[0] == target).all()))
+    values, greedy = [], False
+    for start in range(0, mc_num, mc_batch_size):
+        masked, weight = _draw(groups, l, min(mc_batch_size, mc_num - start), gen)
+        first = start == 0
+        logp, argmax = score(torch.cat([everything, masked]) if first else masked)
+        if first:
+            greedy, logp = bool((argmax[0] == target).all()), logp[1:]
+        values.append((logp.double() * weight.double()).sum(1))
+    v = torch.cat(values)
+    return LoglikEstimate(float(v.mean()), float(v.std(unbiased=True)) / math.sqrt(mc_num), mc_num, False, greedy)
