@@ -176,6 +176,23 @@ def compare_page(a: Any, b: Any, tokenizer: Any = None, *, labels: tuple[str, st
     return render(title or f"dlm compare: {labels[0]} vs {labels[1]}", data)
 
 
+def fit_every(result: Any, rows: Sequence[int] | None = None) -> int:
+    """The smallest frame stride that keeps a page of ``result`` within :data:`MAX_CELLS` (at
+    most one frame per forward of each row, plus its start)."""
+    traj = trajectory_of(result)
+    chosen = _check_rows(traj, rows)
+    nfe = {r: 0 for r in chosen}
+    for s in traj.steps:
+        if s.row in nfe:
+            nfe[s.row] += 1
+    every = 1
+    while sum(traj.canvases[r].length * (-(-nfe[r] // every) + 1) for r in chosen) > MAX_CELLS:
+        every *= 2
+        if every > max(nfe.values(), default=1):
+            break
+    return every
+
+
 def check_output(path: str | Path, overwrite: bool, option: str = "--html") -> Path:
     """``path`` as an output file: refused if it exists (without ``overwrite``), is a folder, or its
     folder does not exist -- checked before any work is done."""
