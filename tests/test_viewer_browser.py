@@ -186,7 +186,7 @@ def test_front_explorer_points_are_pareto_json(browser, tmp_path):
 
     xy = [(0.9, 2.0), (0.95, 1.5), (0.8, 3.0), (0.7, 2.5), (0.85, 2.2), (0.6, 1.2), (0.85, 2.1)]
     points = [TrialPoint(i, {"accuracy": a, "tpf": t, "n": 20}, {"m2t.params.threshold": round(0.1 * i, 2)},
-                         preset={0: "llada2.1-s", 1: "llada2.1-q"}.get(i)) for i, (a, t) in enumerate(xy)]
+                         preset={0: "llada2.1-s", 5: "llada2.1-q"}.get(i)) for i, (a, t) in enumerate(xy)]
     summary = summarize_points("demo", {"accuracy": "maximize", "tpf": "maximize"}, points, {"complete": len(xy)})
     files = write_all(summary, tmp_path, {3: "http://mlflow.example/#/experiments/1/runs/abc"})
     saved = json.loads(files["json"].read_text())
@@ -200,7 +200,7 @@ def test_front_explorer_points_are_pareto_json(browser, tmp_path):
     assert sorted((c[0], x, y) for c, x, y in zip(traces["presets"]["c"], traces["presets"]["x"], traces["presets"]["y"])) == presets
     on_front = {r["trial"] for r in saved["front"]}
     assert sorted(c[0] for c in traces["dominated"]["c"]) == [i for i in range(len(xy)) if i not in on_front]
-    assert traces["dominated"]["color"] == "#b0b0b0"  # greyed
+    assert traces["dominated"]["color"] == "#b0b0b0" and 5 not in on_front  # greyed, the dominated preset too
     dominated = dict(zip((c[0] for c in traces["dominated"]["c"]), traces["dominated"]["h"]))
     assert "accuracy 0.7000 [" in dominated[3] and "TPF 2.500" in dominated[3]
     assert "http://mlflow.example/#/experiments/1/runs/abc" in dominated[3]
