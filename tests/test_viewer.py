@@ -238,8 +238,10 @@ def test_trial_logs_a_trajectory_page(tmp_path):
     tracker = Tracker(uri, "viewer")
     run = tracker.client.create_run(tracker.experiment_id)
     trial = TrialRun(tracker, run.info.run_id)
+    tracker.client.set_tag(run.info.run_id, "mlflow.note.content", "Trial 0 of study 's'")
     assert trial.log_trajectories(model, tok, get_task("pick"), DecodingPolicy("llada2.1-s").config, 0) == "trajectory.html"
     client = MlflowClient(uri)
     assert "trajectory.html" in [a.path for a in client.list_artifacts(run.info.run_id)]
     tags = client.get_run(run.info.run_id).data.tags
-    assert tags["trajectory_html"] == "trajectory.html" and "trajectory.html" in tags["mlflow.note.content"]
+    assert tags["trajectory_html"] == "trajectory.html"
+    assert tags["mlflow.note.content"].startswith("Trial 0 of study 's'\n\nStep-by-step decode of 2 eval instances")

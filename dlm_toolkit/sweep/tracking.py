@@ -445,6 +445,8 @@ class TrialRun:
         self._call(self.client.log_text, self.run_id, page, "trajectory.html")
         note = (f"Step-by-step decode of {len(prompts)} eval instances: artifact [trajectory.html]"
                 f"(get-artifact?path=trajectory.html&run_uuid={self.run_id})")
+        before = self._call(self.client.get_run, self.run_id).data.tags.get("mlflow.note.content")
+        note = f"{before}\n\n{note}" if before else note  # the trial's description stays first
         self._call(self.client.log_batch, self.run_id, tags=[_tag("trajectory_html", "trajectory.html"),
                                                              _tag("mlflow.note.content", note)])
         return "trajectory.html"
