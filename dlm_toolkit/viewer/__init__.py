@@ -115,7 +115,7 @@ def _check_size(cells: int, every: int) -> None:
     if cells > MAX_CELLS:
         raise ViewerError(f"the trajectory is too large to embed: {cells:,} canvas cells (positions x forwards over "
                           f"the rows shown; limit {MAX_CELLS:,}) at every={every}: keep every K-th forward "
-                          "(every=K, --every K) or fewer rows (rows=[...], --rows)")
+                          "(every=K, --every K) or fewer batch rows (rows=[...])")
 
 
 def trajectory_page(result: Any, tokenizer: Any = None, *, every: int = 1, rows: Sequence[int] | None = None,
