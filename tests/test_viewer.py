@@ -245,3 +245,16 @@ def test_trial_logs_a_trajectory_page(tmp_path):
     tags = client.get_run(run.info.run_id).data.tags
     assert tags["trajectory_html"] == "trajectory.html"
     assert tags["mlflow.note.content"].startswith("Trial 0 of study 's'\n\nStep-by-step decode of 2 eval instances")
+
+
+def test_a_batch_decoded_in_slices_replays_row_by_row():
+    """Trajectory.concat (a batch past the largest capture bucket) keeps each slice's prompts and
+    canvas lengths, renumbered with its rows."""
+    model, _, prompts, gen = load_testbed()
+    first = decode(model, prompts[:1], "llada2.1-s", gen, record=True, seed=[11])
+    second = decode(model, [prompts[1][:40]], "llada2.1-s", gen, record=True, seed=[12])
+    whole = first.trajectory.concat([second.trajectory], [first, second])
+    assert [c.prompt for c in whole.canvases] == [prompts[0], prompts[1][:40]]
+    for row, part in ((0, first), (1, second)):
+        got, _ = _frames_tokens(whole, row)
+        assert got == replay(whole, row) and got[-1] == part.canvas[0, :len(got[-1])].tolist()

@@ -107,6 +107,12 @@ def test_stepping_shows_the_canvas_after_every_forward(browser, trajectory_file)
         assert canvas(browser) == ref[-2]
         strip = browser.find_elements("css selector", "#strip-0 > div")
         assert len(strip) == len(ref) - 1
+        posts = browser.execute_script("return [...document.querySelectorAll('#strip-0 > div')].map(d => d.classList.contains('post'))")
+        assert posts == [s.post for s in res.trajectory.for_row(row)] and any(posts)  # post steps marked
+        lines = browser.execute_script("return [...document.querySelectorAll('#canvas-0 .blk')].map(b => "
+                                       "[+b.querySelector('.tok').dataset.pos, b.classList.contains('active')])")
+        last = res.trajectory.for_row(row)[-2]
+        assert lines == [[p, p == last.block_lo] for p in range(0, len(ref[0]), 16)]  # one line per block of 16
         strip[2].click()  # a bar of the per-forward strip jumps to its forward
         assert canvas(browser) == ref[3]
 
@@ -202,6 +208,7 @@ def test_front_explorer_points_are_pareto_json(browser, tmp_path):
     assert sorted(c[0] for c in traces["dominated"]["c"]) == [i for i in range(len(xy)) if i not in on_front]
     assert traces["dominated"]["color"] == "#b0b0b0" and 5 not in on_front  # greyed, the dominated preset too
     dominated = dict(zip((c[0] for c in traces["dominated"]["c"]), traces["dominated"]["h"]))
-    assert "accuracy 0.7000 [" in dominated[3] and "TPF 2.500" in dominated[3]
+    assert "accuracy 0.7000 [0.4810, 0.8545] (n=20)" in dominated[3] and "TPF 2.500" in dominated[3]  # Wilson 95 %, by hand
+    assert "m2t.params.threshold = 0.3" in dominated[3]
     assert "http://mlflow.example/#/experiments/1/runs/abc" in dominated[3]
     screenshot(browser, "viewer_pareto.png")
