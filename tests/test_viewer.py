@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -258,3 +259,25 @@ def test_a_batch_decoded_in_slices_replays_row_by_row():
     for row, part in ((0, first), (1, second)):
         got, _ = _frames_tokens(whole, row)
         assert got == replay(whole, row) and got[-1] == part.canvas[0, :len(got[-1])].tolist()
+
+
+def test_pareto_html_on_the_parent_run_links_each_trial_run(tmp_path):
+    import optuna
+    from mlflow import MlflowClient
+
+    from dlm_toolkit.sweep.pareto import TrialPoint, summarize_points
+    from dlm_toolkit.sweep.tracking import Tracker
+    from sweep_helpers import tracking_uri
+
+    uri = tracking_uri(tmp_path)
+    tracker = Tracker(uri, "viewer")
+    parent = tracker.client.create_run(tracker.experiment_id).info.run_id
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    for i, (acc, tpf) in enumerate([(0.9, 2.0), (0.8, 1.0)]):
+        study.add_trial(optuna.trial.create_trial(values=[acc, tpf], user_attrs={"mlflow_run_id": f"run{i}"}))
+    points = [TrialPoint(t.number, {"accuracy": t.values[0], "tpf": t.values[1], "n": 10}) for t in study.trials]
+    tracker.log_pareto(parent, summarize_points("s", {"accuracy": "maximize", "tpf": "maximize"}, points), study)
+    page = Path(MlflowClient(uri).download_artifacts(parent, "pareto.html", str(tmp_path))).read_text()
+    page = page.replace("\\u002f", "/")  # plotly writes "/" escaped in its JSON
+    for i in range(2):  # a local store: the link resolves inside the MLflow UI that serves the page
+        assert f'"/#/experiments/{tracker.experiment_id}/runs/run{i}?workflowType=machine_learning"' in page
