@@ -214,6 +214,7 @@ def test_cli_decode_html(tmp_path, capsys):
     assert main(args + ["--overwrite", "--every", "0"]) == 2
     assert "--every: must be an integer >= 1" in capsys.readouterr().err
     assert main(args + ["--overwrite", "--every", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"viewer: {out}"
 
 
 def test_cli_compare_html(tmp_path, capsys):

@@ -66,6 +66,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     lo, hi = cmp.tpf_diff_interval
     verdict = "differs" if cmp.tpf_differs else "no significant difference"
     print(f"  tpf       {cmp.tpf_diff:+.3f} [{lo:+.3f}, {hi:+.3f}]  paired bootstrap: {verdict}")
+    if args.html is not None:
+        print(f"  side by side: {args.html}")
     return 0
 
 

@@ -52,7 +52,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     if args.json:
         out = {**result.row_dict(0), "text": text, "wall_time_s": result.wall_time,
                "tokens_per_second": result.tokens_per_second, "policy": policy.model_dump(mode="json"),
-               "policy_hash": policy.config_hash()}
+               "policy_hash": policy.config_hash(), **({"html": args.html} if args.html is not None else {})}
         print(json.dumps(out))
     else:
         print("tokens:", " ".join(map(str, row.tokens)))
@@ -60,6 +60,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
             print("text:  ", text)
         print(f"nfe {row.nfe}  tpf {row.tpf:.2f} (tokens up to and including the first EOS per forward)  "
               f"edits {row.edits}  {result.tokens_per_second:.1f} tokens/s")
+        if args.html is not None:
+            print(f"viewer: {args.html}")
     return 0
 
 
