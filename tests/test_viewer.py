@@ -194,6 +194,10 @@ def test_write_page_refuses_existing_file_and_missing_folder(tmp_path):
     assert out.read_text() == "two" and [p.name for p in tmp_path.iterdir()] == ["v.html"]
     with pytest.raises(ViewerError, match="does not exist"):
         write_page(tmp_path / "no" / "v.html", "x")
+    with pytest.raises(ViewerError, match="is a folder"):
+        write_page(tmp_path, "x", overwrite=True)
+    with pytest.raises(ViewerError, match="/dev/null: is not a regular file"):
+        write_page("/dev/null", "x", overwrite=True)
 
 
 def test_cli_decode_html(tmp_path, capsys):

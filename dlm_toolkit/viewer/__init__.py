@@ -194,11 +194,13 @@ def fit_every(result: Any, rows: Sequence[int] | None = None) -> int:
 
 
 def check_output(path: str | Path, overwrite: bool, option: str = "--html") -> Path:
-    """``path`` as an output file: refused if it exists (without ``overwrite``), is a folder, or its
-    folder does not exist -- checked before any work is done."""
+    """``path`` as an output file: refused if it exists (without ``overwrite``), is a folder or
+    anything but a regular file, or its folder does not exist -- checked before any work is done."""
     path = Path(path)
     if path.is_dir():
         raise ViewerError(f"{option} {path}: is a folder; give a file name")
+    if path.exists() and not path.is_file():  # a device or FIFO is never replaced by a page
+        raise ViewerError(f"{option} {path}: is not a regular file; give a file name")
     if path.exists() and not overwrite:
         raise ViewerError(f"{option} {path}: exists; pass --overwrite (overwrite=True) to replace it")
     if not path.parent.is_dir():
