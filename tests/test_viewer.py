@@ -249,7 +249,7 @@ def test_trial_logs_a_trajectory_page(tmp_path):
     client = MlflowClient(uri)
     assert "trajectory.html" in [a.path for a in client.list_artifacts(run.info.run_id)]
     tags = client.get_run(run.info.run_id).data.tags
-    assert tags["trajectory_html"] == "trajectory.html"
+    assert tags["trajectory_html"] == "trajectory.html" and "trajectory_html_error" not in tags
     assert tags["mlflow.note.content"].startswith("Trial 0 of study 's'\n\nStep-by-step decode of 2 eval instances")
 
 
@@ -286,3 +286,22 @@ def test_pareto_html_on_the_parent_run_links_each_trial_run(tmp_path):
     page = page.replace("\\u002f", "/")  # plotly writes "/" escaped in its JSON
     for i in range(2):  # a local store: the link resolves inside the MLflow UI that serves the page
         assert f'"/#/experiments/{tracker.experiment_id}/runs/run{i}?workflowType=machine_learning"' in page
+
+
+def test_a_trial_whose_page_cannot_be_made_keeps_its_run(tmp_path, monkeypatch):
+    import dlm_toolkit.viewer as viewer
+    from mlflow import MlflowClient
+
+    from dlm_toolkit.sweep.tracking import Tracker, TrialRun
+    from dlm_toolkit.tasks import get_task
+    from sweep_helpers import tracking_uri
+
+    model, tok, _, _ = load_testbed()
+    monkeypatch.setattr(viewer, "MAX_CELLS", 10)  # no page fits, whatever the stride
+    uri = tracking_uri(tmp_path)
+    tracker = Tracker(uri, "viewer")
+    run = tracker.client.create_run(tracker.experiment_id)
+    assert TrialRun(tracker, run.info.run_id).log_trajectories(model, tok, get_task("pick"), DecodingPolicy("llada2.1-s").config, 0) is None
+    client = MlflowClient(uri)
+    assert "trajectory.html" not in [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert client.get_run(run.info.run_id).data.tags["trajectory_html_error"].startswith("ViewerError: the trajectory is too large")

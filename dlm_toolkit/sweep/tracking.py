@@ -430,17 +430,18 @@ class TrialRun:
         from dlm_toolkit.decode import decode
         from dlm_toolkit.evaluate import task_prompt
         from dlm_toolkit.state import row_seed
-        from dlm_toolkit.viewer import ViewerError, fit_every, trajectory_page
+        from dlm_toolkit.viewer import fit_every, trajectory_page
 
-        instances = task.instances(n_prompts, seed, "eval")
-        prompts = [task_prompt(tokenizer, task, inst, use_chat(tokenizer, task.chat, "chat")) for inst in instances]
-        result = decode(model, prompts, policy, task.answer_length + 1, seed=[row_seed(seed, i) for i in range(len(prompts))],
-                        record=True, cuda_graphs=cuda_graphs)
         try:
+            instances = task.instances(n_prompts, seed, "eval")
+            chat = use_chat(tokenizer, task.chat, "chat")
+            prompts = [task_prompt(tokenizer, task, inst, chat) for inst in instances]
+            result = decode(model, prompts, policy, task.answer_length + 1, record=True, cuda_graphs=cuda_graphs,
+                            seed=[row_seed(seed, i) for i in range(len(prompts))])  # the evaluation's streams
             page = trajectory_page(result, tokenizer, every=fit_every(result),
                                    title=f"{task.name}: {policy.config_hash()[:12]}, {len(prompts)} eval instances")
-        except ViewerError as err:
-            self._call(self.client.set_tag, self.run_id, "trajectory_html_error", str(err)[:5000])
+        except Exception as err:  # the trial's metrics stand; only its picture is missing
+            self._call(self.client.set_tag, self.run_id, "trajectory_html_error", f"{type(err).__name__}: {err}"[:5000])
             return None
         self._call(self.client.log_text, self.run_id, page, "trajectory.html")
         note = (f"Step-by-step decode of {len(prompts)} eval instances: artifact [trajectory.html]"
