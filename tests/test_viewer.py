@@ -161,7 +161,7 @@ def test_size_bound_and_every(monkeypatch):
         viewer.trajectory_page(res)
     assert viewer.fit_every(res) == 2
     viewer.trajectory_page(res, every=2)
-    viewer.trajectory_page(res, rows=[0]) if res.trajectory.canvases[0].length * (res.rows[0].nfe + 1) < cells else None
+    viewer.trajectory_page(res, rows=[0])  # a subset of the rows fits too
     with pytest.raises(viewer.ViewerError, match=r"rows: must be batch row indices in \[0, 2\)"):
         viewer.trajectory_page(res, rows=[2])
     with pytest.raises(viewer.ViewerError, match=r"every: must be an integer >= 1"):
