@@ -31,6 +31,18 @@ class StepRecord:
     verified: bool = False  # a verification forward ran in this step (one more NFE; dlm_toolkit.verify)
     insert: list[int] = field(default_factory=list)  # positions a mask was inserted before (dlm_toolkit.indel)
     delete: list[int] = field(default_factory=list)  # positions whose token was deleted (before the shift)
+    block_lo: int = -1  # absolute position where ``block_after`` starts (-1: not recorded)
+    # per window position: the likeliest token other than the drawn one, and its probability
+    runner_up: list[int] = field(default_factory=list)
+    runner_up_confidence: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RowCanvas:
+    """What a viewer needs besides the steps to replay one row: its prompt and canvas length."""
+
+    prompt: list[int]
+    length: int  # canvas positions (prompt + whole blocks)
 
 
 @dataclass
@@ -39,20 +51,29 @@ class Trajectory:
 
     steps: list[StepRecord] = field(default_factory=list)
     n_rows: int = 1 << 62  # rows at and past this index pad a batch bucket: not recorded
+    canvases: list[RowCanvas] = field(default_factory=list)  # per row, read once at the first step
+    mask_token_id: int = -1
+    eos_token_id: int = -1
+    block_length: int = 0
 
     def concat(self, others: list[Trajectory], parts: list[Any]) -> Trajectory:
         """The trajectory of a batch decoded in consecutive slices (``parts``: their results):
         rows renumbered to their index in the whole batch."""
-        out = Trajectory(list(self.steps))
+        out = Trajectory(list(self.steps), canvases=list(self.canvases), mask_token_id=self.mask_token_id,
+                         eos_token_id=self.eos_token_id, block_length=self.block_length)
         offset = len(parts[0].rows)
         for traj, part in zip(others, parts[1:]):
             out.steps += [replace(s, row=s.row + offset) for s in traj.steps]
+            out.canvases += traj.canvases
             offset += len(part.rows)
         return out
 
     def add(self, ctx: StepContext, state: DecodeState) -> None:
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
+        if not self.canvases:
+            self._read_canvases(state)
         lo, hi = state.block_bounds(ctx.rows, ctx.block)
+        runner_up, runner_up_p = _runner_up(ctx)
         live = ctx.live.tolist()
         verified = ctx.verified.tolist() if ctx.verified is not None else [False] * len(live)
         none = torch.zeros_like(ctx.valid)
@@ -80,8 +101,28 @@ class Trajectory:
                     verified=bool(verified[i]),
                     insert=pos[insert[i]].tolist(),
                     delete=pos[delete[i]].tolist(),
+                    block_lo=int(lo[i]),
+                    runner_up=runner_up[i][valid].tolist(),
+                    runner_up_confidence=runner_up_p[i][valid].tolist(),
                 )
             )
+
+    def _read_canvases(self, state: DecodeState) -> None:
+        """Prompts and canvas lengths of the recorded rows (the prompt never changes, so reading it
+        after the first write is exact)."""
+        n = min(self.n_rows, state.batch_size)
+        lengths, prompt_len = state.length.tolist(), state.prompt_len.tolist()
+        canvas = state.canvas[:n].tolist()
+        self.canvases = [RowCanvas(canvas[r][: prompt_len[r]], lengths[r]) for r in range(n)]
+        self.mask_token_id, self.eos_token_id = state.mask_token_id, state.eos_token_id
+        self.block_length = state.block_length
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the trajectory as the stepping viewer (:mod:`dlm_toolkit.viewer`; token
+        ids as text: ``viewer.view(trajectory, tokenizer)`` shows the tokenizer's text)."""
+        from dlm_toolkit.viewer import view
+
+        return view(self)._repr_html_()
 
     def for_row(self, row: int) -> list[StepRecord]:
         return [s for s in self.steps if s.row == row]
@@ -90,3 +131,10 @@ class Trajectory:
         from dataclasses import asdict
 
         return [asdict(s) for s in self.steps]
+
+
+def _runner_up(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, W) the likeliest token other than the drawn one and its probability (recording only)."""
+    top_p, top = ctx.probs.topk(2, dim=-1)
+    first = top[..., 0] != ctx.sampled
+    return torch.where(first, top[..., 0], top[..., 1]), torch.where(first, top_p[..., 0], top_p[..., 1])

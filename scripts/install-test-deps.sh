@@ -3,6 +3,8 @@
 #   bubblewrap    bwrap: the OS sandbox generated code runs in (tests of the code benchmarks)
 #   postgresql    initdb/postgres: tests/test_scale_out.py runs sweeps against a real server
 #   python3-venv  `python3 -m venv`: Debian's python3 comes without it
+#   chromium, chromium-driver  the headless browser tests/test_viewer_browser.py opens the viewer pages in
+#                 (Selenium drives the system chromedriver: no browser download)
 # Debian/Ubuntu (apt-get): as root directly, otherwise through sudo. Nothing missing: no output.
 set -euo pipefail
 need=()
@@ -10,6 +12,8 @@ bwrap --version >/dev/null 2>&1 || need+=(bubblewrap)
 initdb=$(compgen -G "/usr/lib/postgresql/*/bin/initdb" | tail -1 || true)
 "${initdb:-initdb}" --version >/dev/null 2>&1 || need+=(postgresql)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need+=(python3-venv)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "scripts/install-test-deps.sh: installing ${need[*]} (apt-get install ${need[*]})" >&2
 run=()

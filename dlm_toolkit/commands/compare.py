@@ -29,6 +29,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n-boot: must be >= 100 (got {args.n_boot})")
     task = get_task(args.task, **task_options(args))
     check_n(task, args.n)
+    if args.html is not None:  # before the model loads
+        from dlm_toolkit.viewer import check_every, check_output
+
+        check_output(args.html, args.overwrite)
+        check_every(args.every, "--every")
     policies = {"a": load_policy(args.a, parse_sets(args.set_a)), "b": load_policy(args.b, parse_sets(args.set_b))}
     if not Path(args.checkpoint).is_dir():
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
@@ -36,6 +41,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     results = {k: evaluate(model, tokenizer, task, p, args.n, args.seed, batch_size=args.batch_size,
                            progress=not args.no_progress, threads=args.threads, cuda_graphs=args.cuda_graphs)
                for k, p in policies.items()}
+    if args.html is not None:
+        write_compare_html(args, model, tokenizer, task, policies)
     cmp = compare_outcomes(results["a"].records, results["b"].records, n_boot=args.n_boot, seed=args.seed)
     if args.json:
         out = {"task": task.name, "n": args.n, "seed": args.seed, "checkpoint": str(args.checkpoint),
@@ -59,7 +66,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     lo, hi = cmp.tpf_diff_interval
     verdict = "differs" if cmp.tpf_differs else "no significant difference"
     print(f"  tpf       {cmp.tpf_diff:+.3f} [{lo:+.3f}, {hi:+.3f}]  paired bootstrap: {verdict}")
+    if args.html is not None:
+        print(f"  side by side: {args.html}")
     return 0
+
+
+def write_compare_html(args: argparse.Namespace, model: object, tokenizer: object, task: object,
+                       policies: dict) -> None:
+    """``--html``: the first (up to 3) eval instances decoded again, recorded, under A and B, side by side."""
+    from dlm_toolkit.chat import use_chat
+    from dlm_toolkit.decode import decode
+    from dlm_toolkit.evaluate import task_prompt
+    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.viewer import compare_page, write_page
+
+    instances = task.instances(args.n, args.seed, "eval")[:3]  # type: ignore[attr-defined]
+    chat = use_chat(tokenizer, task.chat, f"task '{task.name}': chat")  # type: ignore[attr-defined]
+    prompts = [task_prompt(tokenizer, task, inst, chat) for inst in instances]  # type: ignore[arg-type]
+    seeds = [row_seed(args.seed, i) for i in range(len(prompts))]  # the streams the evaluation drew from
+    runs = [decode(model, prompts, policies[k], task.answer_length + 1, seed=seeds, record=True,  # type: ignore
+                   cuda_graphs=args.cuda_graphs) for k in ("a", "b")]
+    labels = (f"A {policy_label(args.a, args.set_a)}", f"B {policy_label(args.b, args.set_b)}")
+    write_page(args.html, compare_page(runs[0], runs[1], tokenizer, labels=labels, every=args.every), args.overwrite)
 
 
 def policy_label(source: str, overrides: list[str] | None) -> str:
@@ -87,6 +115,10 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--html", metavar="FILE", help="also write A and B side by side, step by step, on the first "
+                   "(up to 3) instances: one self-contained HTML file")
+    p.add_argument("--every", type=int, default=1, metavar="K", help="with --html: one frame per K forwards")
+    p.add_argument("--overwrite", action="store_true", help="with --html: replace an existing file")
     add_import_arg(p)
     add_task_args(p)
     add_runtime_args(p)

@@ -15,6 +15,11 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     check_cuda_graphs(args.cuda_graphs, [args.device])
     policy = policy_from_args(args)
+    if args.html is not None:  # before the model loads
+        from dlm_toolkit.viewer import check_every, check_output
+
+        check_output(args.html, args.overwrite)
+        check_every(args.every, "--every")
     if args.prompt is not None:
         prompt_text(args.prompt)  # before the model loads
     if args.system is not None:
@@ -35,13 +40,19 @@ def cmd_decode(args: argparse.Namespace) -> int:
         chat = use_chat(tokenizer, "true" if args.chat else "false", "--chat")
         prompt = encode_prompt(tokenizer, args.prompt, chat, args.system)
     result = decode(model, [prompt], policy, args.gen_length, kv_cache=not args.no_kv_cache, seed=args.seed,
-                    allow_past_context=args.allow_past_context, cuda_graphs=args.cuda_graphs)
+                    allow_past_context=args.allow_past_context, cuda_graphs=args.cuda_graphs,
+                    record=args.html is not None)
+    if args.html is not None:
+        from dlm_toolkit.viewer import trajectory_page, write_page
+
+        write_page(args.html, trajectory_page(result, tokenizer, every=args.every, title="dlm decode: "
+                                              + policy.config_hash()[:12]), args.overwrite)
     row = result.rows[0]
     text = tokenizer.decode(row.tokens, skip_special_tokens=True) if tokenizer is not None else None
     if args.json:
         out = {**result.row_dict(0), "text": text, "wall_time_s": result.wall_time,
                "tokens_per_second": result.tokens_per_second, "policy": policy.model_dump(mode="json"),
-               "policy_hash": policy.config_hash()}
+               "policy_hash": policy.config_hash(), **({"html": args.html} if args.html is not None else {})}
         print(json.dumps(out))
     else:
         print("tokens:", " ".join(map(str, row.tokens)))
@@ -49,6 +60,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
             print("text:  ", text)
         print(f"nfe {row.nfe}  tpf {row.tpf:.2f} (tokens up to and including the first EOS per forward)  "
               f"edits {row.edits}  {result.tokens_per_second:.1f} tokens/s")
+        if args.html is not None:
+            print(f"viewer: {args.html}")
     return 0
 
 
@@ -72,5 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-past-context", action="store_true",
                    help="decode even past the model's max_position_embeddings (positions it never saw)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--html", metavar="FILE", help="also write the step-by-step viewer of this decode (one "
+                   "self-contained HTML file; the decode is recorded)")
+    p.add_argument("--every", type=int, default=1, metavar="K", help="with --html: one frame per K forwards")
+    p.add_argument("--overwrite", action="store_true", help="with --html: replace an existing file")
     add_runtime_args(p)
     p.set_defaults(func=cmd_decode)

@@ -449,9 +449,12 @@ def _interval_bars(ax: Any, points: Sequence[TrialPoint], color: str) -> None:
                 [hi - y for y, hi in zip(ys, highs)]], fmt="none", ecolor=color, alpha=0.6, capsize=2, zorder=3)
 
 
-def write_all(summary: ParetoSummary, folder: str | Path) -> dict[str, Path]:
-    """``pareto.png``, ``pareto.csv`` and ``pareto.json`` in ``folder`` (created)."""
+def write_all(summary: ParetoSummary, folder: str | Path, runs: dict[int, str] | None = None) -> dict[str, Path]:
+    """``pareto.png``, ``pareto.csv``, ``pareto.json`` and the explorer ``pareto.html`` (``runs``:
+    trial number -> its MLflow run page, linked from the points) in ``folder`` (created)."""
+    from dlm_toolkit.viewer.front import write_front
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return {"png": plot(summary, folder / "pareto.png"), "csv": write_csv(summary, folder / "pareto.csv"),
-            "json": write_json(summary, folder / "pareto.json")}
+            "json": write_json(summary, folder / "pareto.json"), "html": write_front(summary, folder / "pareto.html", runs)}

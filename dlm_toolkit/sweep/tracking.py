@@ -39,6 +39,7 @@ from dlm_toolkit.sweep.uris import (
     creation_lock,
     first_line,
     hide_password,
+    hide_web_password,
     quiet_http,
     sqlite_file,
     store_relative_location,
@@ -232,16 +233,29 @@ class Tracker:
         self._call(self.client.set_terminated, run_id, status)
 
     def log_pareto(self, run_id: str, summary: Any, study: Any = None) -> None:
-        """Artifacts ``pareto.png/.csv/.json`` and summary metrics on the parent run; with
-        ``study``, the ``on_front`` tag (true/false) on every COMPLETE trial's run."""
+        """Artifacts ``pareto.png/.csv/.json/.html`` and summary metrics on the parent run; with
+        ``study``, the ``on_front`` tag (true/false) on every COMPLETE trial's run, and the points of
+        ``pareto.html`` link to their trial's run."""
         from dlm_toolkit.sweep.pareto import write_all
 
+        runs = self.trial_links(study) if study is not None else None
         with tempfile.TemporaryDirectory() as tmp:
-            for path in write_all(summary, tmp).values():
+            for path in write_all(summary, tmp, runs).values():
                 self._call(self.client.log_artifact, run_id, str(path))
         self.log_front_metrics(run_id, summary)
         if study is not None:
             self.tag_front(study, summary)
+
+    def trial_links(self, study: Any) -> dict[int, str]:
+        """Trial number -> its run's page (on the tracking server; a bare ``#/...`` path for a local
+        store, which resolves inside an MLflow UI serving it)."""
+        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else ""
+        out = {}
+        for t in study.get_trials(deepcopy=False):
+            run_id = t.user_attrs.get("mlflow_run_id")
+            if run_id:
+                out[t.number] = run_page_url(hide_web_password(base), self.experiment_id, run_id)
+        return out
 
     def tag_front(self, study: Any, summary: Any) -> None:
         """Tag ``on_front`` (true/false) on this store's runs of the study's COMPLETE trials.
@@ -405,6 +419,39 @@ class TrialRun:
         text = "\n".join(json.dumps(r, default=str) for r in records) + "\n"
         self._call(self.client.log_text, self.run_id, text, "records.jsonl")
 
+    def log_trajectories(self, model: Any, tokenizer: Any, task: Any, policy: Any, seed: int, n_prompts: int = 2,
+                         cuda_graphs: bool | None = None) -> str | None:
+        """The step-by-step viewer of ``n_prompts`` eval instances decoded again, recorded (the trial's
+        evaluation keeps no trajectory), as the artifact ``trajectory.html``, named by the run's tag
+        ``trajectory_html`` and linked from its description. Returns the artifact path, or None
+        when the page cannot be made (the reason goes to the tag ``trajectory_html_error``: a
+        trial is never failed by its picture)."""
+        from dlm_toolkit.chat import use_chat
+        from dlm_toolkit.decode import decode
+        from dlm_toolkit.evaluate import task_prompt
+        from dlm_toolkit.state import row_seed
+        from dlm_toolkit.viewer import fit_every, trajectory_page
+
+        try:
+            instances = task.instances(n_prompts, seed, "eval")
+            chat = use_chat(tokenizer, task.chat, "chat")
+            prompts = [task_prompt(tokenizer, task, inst, chat) for inst in instances]
+            result = decode(model, prompts, policy, task.answer_length + 1, record=True, cuda_graphs=cuda_graphs,
+                            seed=[row_seed(seed, i) for i in range(len(prompts))])  # the evaluation's streams
+            page = trajectory_page(result, tokenizer, every=fit_every(result),
+                                   title=f"{task.name}: {policy.config_hash()[:12]}, {len(prompts)} eval instances")
+        except Exception as err:  # the trial's metrics stand; only its picture is missing
+            self._call(self.client.set_tag, self.run_id, "trajectory_html_error", f"{type(err).__name__}: {err}"[:5000])
+            return None
+        self._call(self.client.log_text, self.run_id, page, "trajectory.html")
+        note = (f"Step-by-step decode of {len(prompts)} eval instances: artifact [trajectory.html]"
+                f"(get-artifact?path=trajectory.html&run_uuid={self.run_id})")
+        before = self._call(self.client.get_run, self.run_id).data.tags.get("mlflow.note.content")
+        note = f"{before}\n\n{note}" if before else note  # the trial's description stays first
+        self._call(self.client.log_batch, self.run_id, tags=[_tag("trajectory_html", "trajectory.html"),
+                                                             _tag("mlflow.note.content", note)])
+        return "trajectory.html"
+
     def finish(self, status: str, trial_state: str, metrics: Mapping[str, float] | None = None,
                tags: Mapping[str, Any] | None = None) -> None:
         """Log final metrics/tags and terminate (FINISHED, FAILED or KILLED)."""
@@ -416,6 +463,12 @@ class TrialRun:
         self._call(self.client.log_batch, self.run_id, metrics=ms, tags=ts)
         self._call(self.client.set_terminated, self.run_id, status)
         self.closed = True
+
+
+def _tag(key: str, value: str) -> Any:
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
 
 
 # -- single evaluations ------------------------------------------------------------------------

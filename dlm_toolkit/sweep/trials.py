@@ -173,6 +173,7 @@ class TrialRunner:
             trial.set_user_attr("metrics", metrics)
             trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
             run.log_records(result.records)
+            run.log_trajectories(self.model, self.tokenizer, self.task, policy, exp.seed, min(2, exp.n), exp.cuda_graphs)
             run.finish("FINISHED", "COMPLETE", metrics)
             self.echo(trial_line(trial.number, "COMPLETE", metrics, preset))
             return [metrics[m] for m in exp.metric_names]
