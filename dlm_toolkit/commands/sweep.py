@@ -64,7 +64,7 @@ def register(sub: Any) -> None:
     p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI,
                    help="MLflow store holding the study's parent run (skipped if its SQLite file is absent)")
     p.add_argument("--no-log", action="store_true", help="do not log to MLflow")
-    p.add_argument("--out", help="also write pareto.png, pareto.csv and pareto.json into this folder")
+    p.add_argument("--out", help="also write pareto.png, pareto.html, pareto.csv and pareto.json into this folder")
     p.set_defaults(func=cmd_pareto)
 
     p = sub.add_parser("replay", help="re-run one trial's exact policy and compare its metrics",
