@@ -140,3 +140,167 @@ def test_a_template_at_the_bounds_renders_and_gives_transformers_ids(templated, 
     assert json.loads(capsys.readouterr().out)["tokens"]
     chat._RENDERER.close()
     assert not _alive(pid)
+
+
+# ----------------------------------------------------------------------------------------------- benchmark data
+def _mbpp_records() -> list[dict]:
+    return json.loads((BENCH / "mbpp" / "sanitized-mbpp.json").read_text())
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _evalplus_rows() -> list[dict]:
+    return [json.loads(line) for line in (BENCH / "evalplus" / "HumanEvalPlus.jsonl").read_text().splitlines() if line]
+
+
+def _mbpp_with(tmp_path: Path, index: int, **changes) -> Path:
+    records = _mbpp_records()
+    records[index].update(changes)
+    path = tmp_path / "sanitized-mbpp.json"
+    path.write_text(json.dumps(records, indent=1))  # one field per line: record 1 starts on a known line
+    return path
+
+
+def _record_line(path: Path, index: int) -> int:
+    """The line record ``index`` starts on, found independently: the index-th '{' at nesting depth 1
+    of the pretty-printed array."""
+    depth, seen = 0, -1
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        for c in line:
+            if c == "{" and depth == 1:
+                seen += 1
+                if seen == index:
+                    return number
+            depth += c in "[{"
+            depth -= c in "]}"
+    raise AssertionError("no such record")
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("test_imports", "import math", "field 'test_imports': Input should be a valid list (got str 'import math')"),
+    ("test_imports", ["import math", 3], "field 'test_imports.1': Input should be a valid string (got int 3)"),
+    ("test_list", "assert f(1) == 1", "field 'test_list': Input should be a valid list"),
+    ("test_list", [], "field 'test_list': List should have at least 1 item"),
+    ("task_id", "12", "field 'task_id': Input should be a valid integer (got str '12')"),
+    ("code", None, "field 'code': Input should be a valid string (got NoneType None)"),
+])
+def test_a_mistyped_mbpp_row_is_one_line_naming_file_and_line(field, value, needle, tmp_path, capsys):
+    path = _mbpp_with(tmp_path, 1, **{field: value})
+    line = run_cli(["eval", "--checkpoint", str(TESTBED), "--task", "mbpp", "--n", "2", "--data", str(path),
+                    "--unsafe-exec"], capsys, tmp_path)
+    assert f"{path}:{_record_line(path, 1)}: record 1: {needle}" in line, line
+
+
+def test_mbpp_test_imports_as_a_list_is_read_and_the_reference_passes(tmp_path):
+    """Near miss: the same record with ``test_imports`` a list of one import reads, and its
+    reference solution passes (the imports are lines of code, not characters)."""
+    from dlm_toolkit.tasks import get_task
+
+    records = _mbpp_records()
+    i = next(k for k, r in enumerate(records) if 11 <= r["task_id"] <= 510)
+    path = _mbpp_with(tmp_path, i, test_imports=["import math"])
+    task = get_task("mbpp", data=str(path), unsafe_exec=True)
+    inst = next(x for x in task.instances(1000, 0, "eval") if x.meta["task_id"] == records[i]["task_id"])
+    assert inst.meta["tests"].splitlines()[0] == "import math"
+    assert task.score(inst, f"```python\n{inst.reference}\n```") == 1.0
+
+
+EVALPLUS_ROWS = {  # field -> (value, what the line must say)
+    "plus_input": ("[[1], 2]", "field 'plus_input.1': Input should be a valid list (got int 2)"),
+    "base_input": ('"abc"', "field 'base_input': Input should be a valid list (got str 'abc')"),
+    "atol": ("-1", "field 'atol': Input should be greater than or equal to 0"),
+    "entry_point": ("7", "field 'entry_point': Input should be a valid string (got int 7)"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(EVALPLUS_ROWS))
+def test_a_mistyped_evalplus_row_names_file_and_line(field, tmp_path):
+    from dlm_toolkit.tasks import get_task
+    from dlm_toolkit.tasks.data import DataError
+
+    rows = _evalplus_rows()
+    text, needle = EVALPLUS_ROWS[field]
+    lines = [json.dumps(r) for r in rows]
+    lines[1] = json.dumps({**rows[1], field: json.loads(text)})
+    path = tmp_path / "HumanEvalPlus.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as err:
+        get_task("humaneval_plus", data=str(path), unsafe_exec=True)
+    assert str(err.value) == f"{path}:2: {needle}" or str(err.value).startswith(f"{path}:2: {needle}"), err.value
+    lines[1] = json.dumps({**rows[1], "atol": 0.5})  # near miss: a finite tolerance >= 0
+    path.write_text("\n".join(lines) + "\n")
+    assert get_task("humaneval_plus", data=str(path), unsafe_exec=True).eval_size == len(rows)
+
+
+DEEP_LINE = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("task, name, content, needle", [
+    ("gsm8k", "test.jsonl", '{"question": "q", "answer": "#### 1"}\n' + DEEP_LINE + "\n",
+     "test.jsonl:2: JSON nested 100000 levels deep; at most 64"),
+    ("mbpp", "sanitized-mbpp.json", DEEP_LINE, "sanitized-mbpp.json: JSON nested 100000 levels deep"),
+    ("math500", "test.jsonl", '{"problem": "p", "answer": NaN}\n', "test.jsonl:1: field 'answer"),
+    ("gsm8k", "test.jsonl", '{"question": ["q"], "answer": "#### 1"}\n', "field 'question': Input should be a valid string"),
+])
+def test_deep_and_mistyped_data_lines_are_one_line(task, name, content, needle, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_text(content)
+    line = run_cli(["eval", "--checkpoint", str(TESTBED), "--task", task, "--n", "2", "--data", str(path)],
+                   capsys, tmp_path)
+    assert needle in line and "Traceback" not in line, line
+
+
+def test_a_64_deep_answer_is_still_read(tmp_path):
+    """Near miss of the depth bound: a record nested 64 levels deep in all is read (and refused
+    only for its type), 65 is refused as too deep."""
+    from dlm_toolkit.tasks import get_task
+    from dlm_toolkit.tasks.data import DataError
+
+    path = tmp_path / "test.jsonl"
+    for depth, needle in ((64, "field 'answer': Input should be a valid string (got list"), (65, "nested 65 levels deep")):
+        path.write_text('{"problem": "p", "answer": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}\n")
+        with pytest.raises(DataError, match=needle):
+            get_task("math500", data=str(path))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "pagemap", "zero", "folder_fifo"])
+def test_special_data_files_are_refused_by_name(kind, tmp_path, capsys):
+    if kind == "pagemap":
+        path, needle = Path("/proc/self/pagemap"), "/proc/self/pagemap: a benchmark data file of size 0"
+    elif kind == "zero":
+        path, needle = Path("/dev/zero"), "/dev/zero: task 'gsm8k''s data file must be a regular file, this is a character device"
+    else:
+        folder = tmp_path / "d"
+        folder.mkdir()
+        path = folder / "test.jsonl" if kind == "folder_fifo" else tmp_path / "data.jsonl"
+        os.mkfifo(path)
+        needle = f"{path}: task 'gsm8k''s data file must be a regular file, this is a FIFO"
+        path = folder if kind == "folder_fifo" else path  # a folder holding the official name as a FIFO
+    line = run_cli(["eval", "--checkpoint", str(TESTBED), "--task", "gsm8k", "--n", "2", "--data", str(path)],
+                   capsys, tmp_path)
+    assert needle in line and "no data file" not in line, line
+
+
+def test_long_plus_input_lists_have_a_time_bound(tmp_path, monkeypatch):
+    """300,000 plus inputs: the reference outputs are computed in chunks against a per-problem bound
+    (lowered here); the problem next to it, with its three inputs, still scores its reference 1."""
+    from dlm_toolkit.tasks import get_task
+    from dlm_toolkit.tasks.data import DataError
+    from dlm_toolkit.tasks.mbpp import REFERENCE_CHUNK, HumanEvalPlusTask
+
+    rows = _evalplus_rows()
+    rows[1] = {**rows[1], "plus_input": [list(rows[1]["base_input"][0])] * 300_000}
+    path = _jsonl(tmp_path / "HumanEvalPlus.jsonl", rows)
+    monkeypatch.setattr(HumanEvalPlusTask, "reference_budget_s", 0.0)
+    task = get_task("humaneval_plus", data=str(path), unsafe_exec=True)
+    by_id = {i.meta["task_id"]: i for i in task.instances(1000, 0, "eval")}
+    small, big = by_id[rows[0]["task_id"]], by_id[rows[1]["task_id"]]
+    with pytest.raises(DataError, match=rf"{rows[1]['task_id']}: the canonical solution's outputs on "
+                                        rf"{300_000 + len(rows[1]['base_input'])} inputs took more than 0 s "
+                                        rf"\({REFERENCE_CHUNK} done\)"):
+        task.tests(big)
+    assert len(small.meta["base_input"]) + len(small.meta["plus_input"]) <= REFERENCE_CHUNK
+    assert task.score(small, small.reference) == 1.0  # one run: bounded by its own timeout, not the budget

@@ -137,8 +137,8 @@ def _check_fields(record: Any, schema: type[RowSchema], where: str) -> dict[str,
     try:
         schema.model_validate(record)
     except ValidationError as err:
-        e = err.errors()[0]
-        field = ".".join(str(p) for p in e["loc"])
+        e = err.errors()[0]  # a union's member tags ('answer.str') are left out of the field's path
+        field = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or p in schema.model_fields)
         raise DataError(f"{where}: field '{field}': {e['msg']} (got {type(e['input']).__name__} "
                         f"{_short(e['input'])})") from None
     return record
