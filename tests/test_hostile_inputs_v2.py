@@ -260,7 +260,7 @@ def test_a_64_deep_answer_is_still_read(tmp_path):
     from dlm_toolkit.tasks.data import DataError
 
     path = tmp_path / "test.jsonl"
-    for depth, needle in ((64, "field 'answer': Input should be a valid string (got list"), (65, "nested 65 levels deep")):
+    for depth, needle in ((64, r"field 'answer': Input should be a valid string \(got list"), (65, "nested 65 levels deep")):
         path.write_text('{"problem": "p", "answer": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}\n")
         with pytest.raises(DataError, match=needle):
             get_task("math500", data=str(path))
