@@ -304,3 +304,83 @@ def test_long_plus_input_lists_have_a_time_bound(tmp_path, monkeypatch):
         task.tests(big)
     assert len(small.meta["base_input"]) + len(small.meta["plus_input"]) <= REFERENCE_CHUNK
     assert task.score(small, small.reference) == 1.0  # one run: bounded by its own timeout, not the budget
+
+
+# ----------------------------------------------------------------------------------------------- plug-in budgets
+def _deleting_rule(declared):
+    """An Indel plug-in that deletes the first written generated token of its block at every step
+    (the block never fills) and declares ``declared`` forwards for it."""
+    import torch
+
+    from dlm_toolkit import T2T
+    from dlm_toolkit.indel import indel_region, written_window
+
+    class _DeletesEveryStep(T2T.get("indel")):
+        def indel(self, ctx):
+            region = indel_region(ctx) & (written_window(ctx) != ctx.mask_token_id)
+            return torch.zeros_like(region), region & (region.long().cumsum(1) == 1)
+
+        def max_indel_forwards(self, block_length):
+            return declared
+
+    name = f"_deletes_every_step_{abs(hash(repr(declared)))}"
+    if name not in T2T.names():
+        T2T.register(name)(_DeletesEveryStep)
+    return name
+
+
+def _policy(t2t: str):
+    from dlm_toolkit import DecodingPolicy
+
+    return DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "t2t.name": t2t})
+
+
+CAP = 64 * 4 + 4096  # the engine's bound for a block of 4: 64 forwards per window position + 4096, by hand
+
+
+@pytest.mark.parametrize("declared", [10**9, float("inf"), float("nan"), -1, CAP + 1, 2.0, True, "8"])
+def test_an_absurd_indel_budget_is_refused_when_the_policy_is_built(declared):
+    name = _deleting_rule(declared)
+    with pytest.raises(ConfigError) as err:
+        _policy(name)
+    assert str(err.value) == (f"t2t rule '{name}': max_indel_forwards(4) = {declared!r}: must be an integer in "
+                              f"[0, {CAP}], the engine's bound of 64 forwards per window position (4) + 4096")
+
+
+def test_a_budget_at_the_cap_is_built_and_a_rule_past_its_budget_stops():
+    """Near misses: the cap itself builds; a small honest budget on a rule that deletes every step
+    ends the decode with one error naming the rule (it would otherwise never finish)."""
+    from dlm_toolkit import StrategyError, decode
+    from dlm_toolkit.testing import ScriptedLM, mixing_logits
+
+    assert _policy(_deleting_rule(CAP)).t2t.max_indel_forwards(4) == CAP
+    model = ScriptedLM(mixing_logits(24, seed=0, scale=2.5, mix=2.0), 24, 23, 22)
+    # block 4 + max_post_steps 16 (llada2.1-q) + the 3 it declared
+    with pytest.raises(StrategyError, match=r"block schedule 'semi_ar' exceeded 23 forwards in one block"):
+        decode(model, [[1, 2, 3]], _policy(_deleting_rule(3)), 8)
+
+
+def test_a_verifier_and_a_block_schedule_budget_are_capped_too():
+    from dlm_toolkit import M2T, DecodingPolicy
+    from dlm_toolkit.registry import REGISTRIES
+    from strategies.blocks_semi_ar import SemiAutoregressive
+
+    class _Greedy(M2T.get("s2d2")):
+        def max_verify_forwards(self, block_length):
+            return float("inf")
+
+    class _Endless(SemiAutoregressive):
+        def max_forwards_per_block(self):
+            return 10**12
+
+    for registry, name, cls in ((M2T, "_greedy_verifier", _Greedy), (REGISTRIES["blocks"], "_endless_blocks", _Endless)):
+        if name not in registry.names():
+            registry.register(name)(cls)
+    with pytest.raises(ConfigError, match=r"m2t rule '_greedy_verifier': max_verify_forwards\(4\) = inf: must be an "
+                                          r"integer in \[0, 4352\]"):
+        DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4, "m2t.name": "_greedy_verifier"})
+    with pytest.raises(ConfigError, match=r"blocks rule '_endless_blocks': max_forwards_per_block\(\) = 1000000000000"):
+        DecodingPolicy("llada2.1-q", **{"blocks.name": "_endless_blocks", "blocks.params.block_length": 4})
+    # the built-in bounds at their largest settings stay under the cap
+    DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 1, "blocks.params.max_post_steps": 1024,
+                                    "t2t.name": "indel", "t2t.params.indel_steps": 4096})
