@@ -158,6 +158,14 @@ class Experiment(_Frozen):
 
     _source: Path | None = PrivateAttr(None)
 
+    @field_validator("mlflow_experiment")
+    @classmethod
+    def _experiment_name(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError(f"mlflow_experiment: must name an MLflow experiment (got {v!r}); leave the key out "
+                             "for the default dlm-sweep")
+        return v
+
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, v: dict[str, str]) -> dict[str, str]:
@@ -217,11 +225,8 @@ class Experiment(_Frozen):
     def result_settings(self) -> dict[str, Any]:
         """The settings that decide a trial's results; a study cannot be resumed with others."""
         s = self.settings()
-        out = {k: s[k] for k in ("model", "task", "task_args", "n", "seed", "batch_size", "base_policy",
-                                 "search_space", "objectives")}
-        # a privilege changes where code runs, not a result: a resume may grant or drop it
-        out["task_args"] = {k: v for k, v in out["task_args"].items() if k not in PRIVILEGED_TASK_ARGS}
-        return out
+        return {k: s[k] for k in ("model", "task", "task_args", "n", "seed", "batch_size", "base_policy",
+                                  "search_space", "objectives")}
 
 
 PRIVILEGED_TASK_ARGS = {"unsafe_exec": "--unsafe-exec"}
