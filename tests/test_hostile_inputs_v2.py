@@ -383,3 +383,103 @@ def test_a_verifier_and_a_block_schedule_budget_are_capped_too():
     # the built-in bounds at their largest settings stay under the cap
     DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 1, "blocks.params.max_post_steps": 1024,
                                     "t2t.name": "indel", "t2t.params.indel_steps": 4096})
+
+
+# ----------------------------------------------------------------------------------------------- config values
+@pytest.mark.parametrize("text, needle", [
+    ("name: a\nn: 8\nn: 100000\n", "exp.yaml:3: duplicate key 'n' (first on line 2)"),
+    ("name: a\nsearch_space:\n  m2t.params.threshold: {float: [0.3, 0.9]}\n  m2t.params.threshold: {float: [0.1, 0.2]}\n",
+     "exp.yaml:4: duplicate key 'm2t.params.threshold' (first on line 3)"),
+    ("name: a\nsampler: {name: random, name: tpe}\n", "exp.yaml:2: duplicate key 'name' (first on line 2)"),
+    ("name: a\nn: [1\n", "exp.yaml:3: not valid YAML ("),
+])
+def test_duplicate_yaml_keys_are_refused_naming_key_and_line(text, needle, tmp_path, capsys):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(text)
+    line = run_cli(["sweep", str(exp), "--storage", f"sqlite:///{tmp_path}/o.db", "--no-progress"], capsys, tmp_path)
+    assert needle in line, line
+
+
+def test_the_same_key_in_sibling_mappings_is_no_duplicate(tmp_path):
+    """Near miss: ``name`` in the experiment, in its sampler and in each list item of a policy file;
+    a key repeated in *different* mappings is fine."""
+    from dlm_toolkit.config import read_mapping_file
+
+    path = tmp_path / "ok.yaml"
+    path.write_text("name: a\nsampler: {name: random}\npresets: [{name: x}, {name: y}]\nm2t:\n  name: threshold\n"
+                    "  params: {threshold: 0.9}\nt2t: {name: none}\n")
+    assert read_mapping_file(path)["presets"] == [{"name": "x"}, {"name": "y"}]
+    policy = tmp_path / "p.yaml"
+    policy.write_text("m2t: {name: threshold}\nm2t: {name: topk}\n")
+    from dlm_toolkit.policy_config import load_policy
+
+    with pytest.raises(ConfigError, match=r"p.yaml:2: duplicate key 'm2t' \(first on line 1\)"):
+        load_policy(str(policy))
+
+
+CONFIG_ROWS = {  # field -> (bad value, what the line names, a near-miss value that loads)
+    "vocab_size": ("128", "vocab_size: Input should be a valid integer", 128),
+    "first_k_dense_replace": (True, "first_k_dense_replace: Input should be a valid integer", 1),
+    "rope_theta": (1e308, "rope_theta: Input should be less than or equal to 1000000000000", 1e12),
+    "rms_norm_eps": (0.0, "rms_norm_eps: Input should be greater than or equal to 0.000000000001", 1e-12),
+}
+
+
+@pytest.mark.parametrize("field", sorted(CONFIG_ROWS))
+def test_mistyped_and_absurd_config_values_are_one_line(field, tmp_path, capsys):
+    from test_hostile_cli import IDS, make
+
+    bad, needle, good = CONFIG_ROWS[field]
+    d = make(tmp_path, "bad", config=lambda c: {**c, field: bad})
+    line = run_cli(["decode", "--checkpoint", str(d), "--prompt-ids", "1,2,3", "--gen-length", "8", *IDS], capsys, tmp_path)
+    assert f"{d / 'config.json'}: invalid config: {needle}" in line, line
+    near = make(tmp_path, "near", config=lambda c: {**c, field: good})
+    assert main(["decode", "--checkpoint", str(near), "--prompt-ids", "1,2,3", "--gen-length", "8", *IDS]) == 0
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("Infinity", "rope_theta: Input should be a finite number"),
+    ("NaN", "rope_theta: Input should be a finite number"),
+])
+def test_non_finite_json_numbers_in_config_are_refused(text, needle, tmp_path, capsys):
+    from test_hostile_cli import IDS, make
+
+    d = make(tmp_path, "inf")
+    (d / "config.json").write_text((d / "config.json").read_text().replace('"rope_theta": ', f'"rope_theta": {text}, "x": '))
+    line = run_cli(["decode", "--checkpoint", str(d), "--prompt-ids", "1,2,3", "--gen-length", "8", *IDS], capsys, tmp_path)
+    assert needle in line, line
+
+
+@pytest.mark.parametrize("value, shown", [(5, "int 5"), ({"foo": 1}, 'dict {"foo": 1}'), (["<|endoftext|>"], "list")])
+def test_a_special_token_of_the_wrong_type_names_the_file_and_key(value, shown, tmp_path, capsys):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(TESTBED, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "eos_token": value}))
+    line = run_cli(["decode", "--checkpoint", str(folder), "--prompt", "1+1=", "--gen-length", "4"], capsys, tmp_path)
+    assert f"{folder / 'tokenizer_config.json'}: eos_token must be a token string" in line and shown in line, line
+
+
+def test_an_added_token_object_is_still_a_special_token(tmp_path):
+    """Near miss: the AddedToken form older transformers write loads, with the same EOS id."""
+    from dlm_toolkit.tokenizer import find_tokenizer, special_ids
+
+    folder = tmp_path / "tok"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "llada2.1-chat-tokenizer", folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    before = special_ids(find_tokenizer(folder))
+    token = {"__type": "AddedToken", "content": cfg["eos_token"], "special": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "eos_token": token}))
+    assert special_ids(find_tokenizer(folder)) == before
+
+
+@pytest.mark.parametrize("name, ok", [("", False), ("   ", False), ("e", True)])
+def test_an_empty_mlflow_experiment_is_refused(name, ok, tmp_path, capsys):
+    exp = h.write_yaml(tmp_path / "exp.yaml", h.experiment(mlflow_experiment=name))
+    if ok:
+        from dlm_toolkit.sweep.experiment import load_experiment
+
+        assert load_experiment(exp).mlflow_experiment == "e"
+        return
+    line = run_cli(["sweep", str(exp), "--storage", f"sqlite:///{tmp_path}/o.db", "--no-progress"], capsys, tmp_path)
+    assert f"exp.yaml: mlflow_experiment: must name an MLflow experiment (got {name!r})" in line, line
