@@ -116,7 +116,7 @@ def test_a_hostile_chat_template_is_one_line_naming_its_file(template, command, 
 
 
 def test_a_template_at_the_bounds_renders_and_gives_transformers_ids(templated, quick_bounds, capsys):
-    """Near misses: 1000 bytes (the cap) and 10^6 loop steps render; the renderer survives a refusal
+    """Near misses: 1000 bytes (the cap) and 90,000 loop steps render; the renderer survives a refusal
     (the next prompt starts a fresh child) and its ids are transformers' own."""
     from transformers import AutoTokenizer
 
@@ -127,7 +127,7 @@ def test_a_template_at_the_bounds_renders_and_gives_transformers_ids(templated, 
         chat.chat_text(find_tokenizer(folder), chat.messages_for("q"))
     folder = templated("{{ 'y' * (1000 - messages[0].content | length) }}{{ messages[0].content }}")
     assert chat.chat_text(find_tokenizer(folder), chat.messages_for("1+1=")) == "y" * 996 + "1+1="
-    folder = templated("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}"
+    folder = templated("{% for i in range(300) %}{% for j in range(300) %}{% endfor %}{% endfor %}"
                        "({{ messages[0].content }})")
     tok = find_tokenizer(folder)
     assert chat.chat_text(tok, chat.messages_for("1+1=")) == "(1+1=)"
