@@ -126,14 +126,19 @@ def read_data_text(path: Path) -> str:
         raise DataError(str(err)) from None
 
 
-def _check_fields(record: Any, schema: type[RowSchema], where: str) -> dict[str, Any]:
+def _check_fields(record: Any, schema: type[RowSchema] | Sequence[str], where: str) -> dict[str, Any]:
+    """``record`` if it is an object with every required field, valid under ``schema`` (a
+    :class:`RowSchema`; a plain sequence of field names checks presence only)."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, found {type(record).__name__}")
-    required = [n for n, f in schema.model_fields.items() if f.is_required()]
+    typed = isinstance(schema, type) and issubclass(schema, BaseModel)
+    required = [n for n, f in schema.model_fields.items() if f.is_required()] if typed else list(schema)
     missing = [f for f in required if f not in record]
     if missing:
         raise DataError(f"{where}: missing field(s) {', '.join(repr(m) for m in missing)} "
                         f"(a record needs {', '.join(required)})")
+    if not typed:
+        return record
     try:
         schema.model_validate(record)
     except ValidationError as err:
