@@ -146,6 +146,7 @@ class BoundedRenderer:
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
         self._lock = threading.Lock()
+        self._owner = os.getpid()
 
     def render(self, template: str, messages: Sequence[dict[str, Any]], kwargs: dict[str, Any], where: str) -> str:
         """``template`` rendered as ``apply_chat_template(messages, add_generation_prompt=True,
@@ -184,6 +185,8 @@ class BoundedRenderer:
             raise ConfigError(f"{where}: chat template: cannot render ({' '.join(reason.split())})")
 
     def _start(self, where: str) -> subprocess.Popen:
+        if self._owner != os.getpid():  # a forked process never shares its parent's renderer pipes
+            self._proc, self._buffer, self._owner = None, b"", os.getpid()
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         path = [p for p in sys.path if p and os.path.abspath(p) != os.getcwd()]
@@ -235,7 +238,7 @@ class BoundedRenderer:
     def close(self) -> None:
         """Stop the child (a later render starts a new one)."""
         proc, self._proc, self._buffer = self._proc, None, b""
-        if proc is None:
+        if proc is None or self._owner != os.getpid():  # a forked copy leaves its parent's renderer alone
             return
         if proc.poll() is None:
             proc.kill()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,9 @@ from dlm_toolkit import chat
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError
 from test_hostile_cli import TESTBED, run_cli
-from test_hostile_inputs import settings_with, snapshot, store_template  # noqa: F401  (a fixture)
+from test_hostile_inputs import no_hang, settings_with, store_template  # noqa: F401  (fixtures: a hung row fails)
 
 BENCH = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
-
-
-@pytest.fixture(autouse=True)
-def no_hang():
-    """A row that hangs fails the test instead of hanging the suite."""
-    def hung(signum, frame):
-        raise TimeoutError("the command hung")
-
-    before = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(90)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, before)
 
 
 # ----------------------------------------------------------------------------------------------- privileges
