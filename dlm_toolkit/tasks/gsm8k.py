@@ -104,7 +104,7 @@ class GSM8KTask(BenchmarkTask):
         self.match: Match = match
         super().__init__(data, answer_length)
 
-    class Row(RowSchema):
+    class Record(RowSchema):
         """A line of GSM8K's ``test.jsonl``: the solution ends in ``#### N``."""
 
         question: str
@@ -112,7 +112,7 @@ class GSM8KTask(BenchmarkTask):
 
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for row in read_jsonl(path, self.Row):
+        for row in read_jsonl(path, self.Record):
             i, r = row.index, row.data
             if "####" not in r["answer"]:
                 raise DataError(f"{row.where}: record {i}: 'answer' has no '#### N' final answer")
@@ -155,7 +155,7 @@ class GSMPlusTask(GSM8KTask):
         self.critical_thinking = bool(critical_thinking)
         super().__init__(data, answer_length, match)
 
-    class Row(RowSchema):
+    class Record(RowSchema):
         """A line of ``gsmplus_testmini.jsonl`` (the answer: a number, or "None")."""
 
         question: str
@@ -164,7 +164,7 @@ class GSMPlusTask(GSM8KTask):
 
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for row in read_jsonl(path, self.Row):
+        for row in read_jsonl(path, self.Record):
             i, r = row.index, row.data
             answer = str(r["answer"]).strip()
             if answer == "None" and not self.critical_thinking:

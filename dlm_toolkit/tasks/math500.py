@@ -139,7 +139,7 @@ class Math500Task(BenchmarkTask):
     def __init__(self, data: str | Path | None = None, answer_length: int = 512) -> None:
         super().__init__(data, answer_length)
 
-    class Row(RowSchema):
+    class Record(RowSchema):
         """A line of PRM800K's MATH-500 ``test.jsonl``."""
 
         problem: str
@@ -148,7 +148,7 @@ class Math500Task(BenchmarkTask):
 
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for row in read_jsonl(path, self.Row):
+        for row in read_jsonl(path, self.Record):
             i, r = row.index, row.data
             problem = r["problem"]
             out.append(Instance(prompt=f"Problem: {problem}\nSolution:", reference=str(r["answer"]),

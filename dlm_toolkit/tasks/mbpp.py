@@ -111,7 +111,7 @@ class MBPPTask(CodeTask):
     )
     stop = ("[DONE]", "</s>", "<|im_end|>")
 
-    class Row(RowSchema):
+    class Record(RowSchema):
         """A record of ``sanitized-mbpp.json``: ``test_imports`` and ``test_list`` are lists of
         lines of code (a string there would be read one character per line)."""
 
@@ -123,7 +123,7 @@ class MBPPTask(CodeTask):
 
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for row in read_json_records(path, self.Row):
+        for row in read_json_records(path, self.Record):
             r = row.data
             if r["task_id"] not in MBPP_TEST_IDS:
                 continue
@@ -163,7 +163,7 @@ class _EvalPlusTask(CodeTask):
         self._lock = threading.Lock()
         super().__init__(data, answer_length, timeout_s, memory_mb, unsafe_exec)
 
-    class Row(RowSchema):
+    class Record(RowSchema):
         """A line of EvalPlus's ``HumanEvalPlus.jsonl`` / ``MbppPlus.jsonl``: inputs are lists of
         argument lists, ``atol`` a finite tolerance >= 0."""
 
@@ -177,7 +177,7 @@ class _EvalPlusTask(CodeTask):
 
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for row in read_jsonl(path, self.Row):
+        for row in read_jsonl(path, self.Record):
             r = row.data
             if not r["entry_point"].isidentifier():
                 raise DataError(f"{row.where}: 'entry_point' {r['entry_point']!r} is not a name")
