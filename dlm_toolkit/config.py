@@ -158,8 +158,11 @@ def read_mapping_file(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
     except InputFileError as err:
         raise ConfigError(str(err)) from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except yaml.YAMLError as err:  # one line: where and what, without the excerpt the error prints
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        what = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"{where}: not valid YAML ({what})") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
@@ -167,20 +170,36 @@ def read_mapping_file(path: str | Path) -> dict[str, Any]:
 
 
 def _check_yaml(path: Path, text: str) -> None:
-    """Refuse anchors/aliases and nesting deeper than ``MAX_JSON_DEPTH``, from the event stream
-    (the parser is iterative; only the composer that builds the objects recurses)."""
-    depth = 0
+    """Refuse anchors/aliases, nesting deeper than ``MAX_JSON_DEPTH`` and a key given twice in one
+    mapping (YAML loaders keep the last silently), from the event stream (the parser is iterative;
+    only the composer that builds the objects recurses)."""
+    # one entry per open collection: None for a sequence; for a mapping [key -> line, next node is a key?]
+    open_nodes: list[list[Any] | None] = []
+
+    def node_done() -> None:
+        if open_nodes and open_nodes[-1] is not None:
+            open_nodes[-1][1] = not open_nodes[-1][1]
+
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise ConfigError(f"{path}:{line}: YAML anchors and aliases are not accepted in config files "
                               f"(found {'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor})")
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
+            if len(open_nodes) >= MAX_JSON_DEPTH:
                 raise ConfigError(f"{path}:{line}: nested deeper than {MAX_JSON_DEPTH} levels")
+            open_nodes.append([{}, True] if isinstance(event, yaml.MappingStartEvent) else None)
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-            depth -= 1
+            open_nodes.pop()
+            node_done()
+        elif isinstance(event, yaml.ScalarEvent):
+            top = open_nodes[-1] if open_nodes else None
+            if top is not None and top[1]:  # a key of the innermost mapping
+                if event.value in top[0]:
+                    raise ConfigError(f"{path}:{line}: duplicate key '{event.value}' (first on line "
+                                      f"{top[0][event.value]}); a key may appear once in a mapping")
+                top[0][event.value] = line
+            node_done()
 
 
 def parse_value(text: str) -> Any:

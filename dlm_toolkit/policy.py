@@ -25,6 +25,49 @@ from dlm_toolkit.strategy import (
 from dlm_toolkit.verify import Verifier
 
 
+FORWARDS_PER_POSITION = 64
+FORWARDS_FLOOR = 4096  # the largest step count a built-in rule's Config allows (indel_steps, max_post_steps)
+
+
+def forward_budget_cap(width: int) -> int:
+    """The most forwards per block the engine lets any one declared budget reach, for a block
+    schedule whose windows span ``width`` positions: a finite multiple of the window, whatever a
+    plug-in declares."""
+    return FORWARDS_PER_POSITION * width + FORWARDS_FLOOR
+
+
+def check_budgets(policy: DecodingPolicy) -> None:
+    """Refuse a forward budget a rule declares -- the block schedule's ``max_forwards_per_block()``
+    (its post steps included), a verifier's ``max_verify_forwards``, an insert/delete rule's
+    ``max_indel_forwards`` -- unless it is an integer in ``[0, forward_budget_cap(width)]``: the
+    engine's NFE bound is built from them, so ``inf`` or ``10**9`` would let a rule that deletes
+    every step run for ever.
+
+    Raises:
+        ConfigError: one line naming the rule, the method and the allowed range.
+    """
+    from dlm_toolkit.indel import indel_of
+    from dlm_toolkit.verify import verifier_of
+
+    blocks, verifier, indel = policy.blocks, verifier_of(policy), indel_of(policy)
+    width = blocks.window_width()
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 1 << 20:
+        raise ConfigError(f"blocks rule '{blocks.name}': window_width() = {width!r}: must be an integer in [1, {1 << 20}]")
+    cap, length = forward_budget_cap(width), blocks.block_length
+    budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block)]
+    if verifier is not None:
+        budgets.append((f"m2t rule '{verifier.name}'", f"max_verify_forwards({length})",
+                        lambda: verifier.max_verify_forwards(length)))
+    if indel is not None:
+        budgets.append((f"t2t rule '{indel.name}'", f"max_indel_forwards({length})",
+                        lambda: indel.max_indel_forwards(length)))
+    for who, field, declared in budgets:
+        value = declared()
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
+            raise ConfigError(f"{who}: {field} = {value!r}: must be an integer in [0, {cap}], the engine's bound of "
+                              f"{FORWARDS_PER_POSITION} forwards per window position ({width}) + {FORWARDS_FLOOR}")
+
+
 class StrategyError(RuntimeError):
     """A rule broke its role's contract (wrong shape, forbidden positions, no progress)."""
 
@@ -54,6 +97,7 @@ class DecodingPolicy:
                 raise ConfigError(f"{who} needs a fixed block layout; block schedule '{self.blocks.name}' moves and "
                                   "resizes its block: use semi_ar or multi_block_edit with it")
         check_roles(self)  # insert/delete edits are a t2t option
+        check_budgets(self)
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)

@@ -171,12 +171,35 @@ _READ_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.js
                "chat_template.jinja", "chat_template.json", "additional_chat_templates")
 
 
+_TOKEN_ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _check_token_roles(path: Path) -> None:
+    """Each special-token role in ``tokenizer_config.json`` / ``special_tokens_map.json`` is null, a
+    token string or an AddedToken object (``{"content": "..."}``): a number, a list or another
+    object is one line naming the file and the key (transformers would raise a TypeError)."""
+    from dlm_toolkit.models.validate import CheckpointError, read_json_object
+
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if not (path / name).exists():
+            continue
+        data = read_json_object(path / name, "tokenizer")
+        for role in _TOKEN_ROLES:
+            value = data.get(role)
+            if value is None or isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str)):
+                continue
+            shown = json.dumps(value)
+            raise CheckpointError(f"{path / name}: {role} must be a token string or an AddedToken object with a "
+                                  f"'content' string, got {type(value).__name__} {shown[:60]}")
+
+
 def _from_folder(path: Path) -> PreTrainedTokenizerFast:
     from dlm_toolkit.models.validate import MAX_JSON_BYTES, CheckpointError, inside, regular
 
     for name in _READ_FILES:
         if (path / name).exists():  # inside the folder, and a regular file of bounded size (a FIFO never hangs)
             regular(inside(path, name, "tokenizer file"), MAX_JSON_BYTES["tokenizer"], "a tokenizer file")
+    _check_token_roles(path)
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # tokenizers/transformers raise plain Exception, ValueError, OSError...

@@ -52,6 +52,7 @@ def register(sub: Any) -> None:
     p.add_argument("--verbose", action="store_true",
                    help="also print MLflow's own run and experiment links (two per trial with a tracking server)")
     add_import_arg(p)
+    add_unsafe_exec_arg(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("pareto", help="print (and log) the Pareto front of a study",
@@ -76,7 +77,16 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     add_import_arg(p)
     add_runtime_args(p)
+    add_unsafe_exec_arg(p)
     p.set_defaults(func=cmd_replay)
+
+
+def add_unsafe_exec_arg(p: Any) -> None:
+    """``--unsafe-exec``: the only way a sweep or a replay lets a code task run without bubblewrap
+    (an experiment file or a study store never grants it)."""
+    p.add_argument("--unsafe-exec", action="store_true",
+                   help="code tasks: where the bubblewrap sandbox is unavailable, run generated code with "
+                        "process-level limits only (default: refuse; never read from a file or a store)")
 
 
 # -- sweep -------------------------------------------------------------------------------------
@@ -86,7 +96,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dlm_toolkit.sweep.study import run_sweep
 
     quiet_mlflow(args.verbose)
-    exp = load_experiment(args.experiment, parse_sets(args.set))
+    exp = load_experiment(args.experiment, parse_sets(args.set), unsafe_exec=args.unsafe_exec)
     if args.cuda_graphs is not None:  # the flag wins over the experiment's cuda_graphs key
         exp = exp.model_copy(update={"cuda_graphs": args.cuda_graphs})
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else [args.device or exp.device]
@@ -182,7 +192,7 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
 def cmd_replay(args: argparse.Namespace) -> int:
     check_cuda_graphs(args.cuda_graphs, [args.device])
     out = replay(args.storage, args.study_name, args.trial, load=lambda path: load_for_args(args, path),
-                 threads=args.threads, cuda_graphs=args.cuda_graphs)
+                 threads=args.threads, cuda_graphs=args.cuda_graphs, unsafe_exec=args.unsafe_exec)
     for warning in out["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -200,11 +210,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def replay(storage: str, study_name: str, number: int, load: Callable[[str], tuple[Any, Any]] | None = None,
-           threads: int | None = None, cuda_graphs: bool | None = None) -> dict[str, Any]:
+           threads: int | None = None, cuda_graphs: bool | None = None, unsafe_exec: bool = False) -> dict[str, Any]:
     """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
     ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
     ``threads``, ``cuda_graphs``: as :func:`~dlm_toolkit.evaluate.evaluate`'s (graphs change no
-    metric but the timing ones)."""
+    metric but the timing ones). ``unsafe_exec`` (``--unsafe-exec``) is the only source of that
+    privilege: a store whose ``task_args`` ask for it is refused without it, before anything runs."""
     from dlm_toolkit.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
@@ -226,8 +237,18 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     from dlm_toolkit.provenance import changed_plugins, collect, plugin_hashes
 
     warnings = changed_plugins(trial_plugin_hashes(trial), plugin_hashes(collect(policy)))
+    from dlm_toolkit.sweep.experiment import PRIVILEGED_TASK_ARGS, _takes
+
+    task_args = dict(settings["task_args"])
+    asked = [k for k in PRIVILEGED_TASK_ARGS if task_args.pop(k, False) not in (False, None)]
+    if asked and not unsafe_exec:
+        raise ConfigError(f"study {study_name!r}: stored task_args.{asked[0]} asks to run generated code without "
+                          f"bubblewrap; a store never grants that: pass `dlm replay {PRIVILEGED_TASK_ARGS[asked[0]]}` "
+                          "to allow it")
+    if unsafe_exec and _takes(settings["task"], "unsafe_exec"):
+        task_args["unsafe_exec"] = True
     try:
-        task = get_task(settings["task"], **settings["task_args"])
+        task = get_task(settings["task"], **task_args)
     except ConfigError:
         raise
     except (TypeError, ValueError) as err:

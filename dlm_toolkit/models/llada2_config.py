@@ -16,13 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class LLaDA2Config(BaseModel):
     """The fields of an official LLaDA2 ``config.json`` that the model reads.
 
-    Official configs carry ~48 keys; the ones not listed here (``architectures``,
+    Types are strict (``vocab_size: "128"`` or ``first_k_dense_replace: true`` are refused, not
+    coerced) and floats finite and in a range a model can decode with (``rope_theta`` in (1, 1e12],
+    ``rms_norm_eps`` in [1e-12, 0.1]). Official configs carry ~48 keys; the ones not listed here (``architectures``,
     ``torch_dtype``, dropout rates, ...) are kept as extras (``extra="allow"``) so that saving a
     loaded model writes them back unchanged. ``mask_token_id``/``eos_token_id`` are not in the
     official configs (they come from the tokenizer) but our own checkpoints store them here.
     """
 
-    model_config = ConfigDict(frozen=True, extra="allow", protected_namespaces=())
+    # strict: "128" or true where an integer belongs is refused, never coerced; floats finite
+    model_config = ConfigDict(frozen=True, extra="allow", protected_namespaces=(), strict=True, allow_inf_nan=False)
 
     model_type: Literal["llada2_moe"] = "llada2_moe"
     vocab_size: int = Field(gt=0)
@@ -38,10 +41,10 @@ class LLaDA2Config(BaseModel):
     num_shared_experts: int = Field(ge=0)
     n_group: int = Field(gt=0)
     topk_group: int = Field(gt=0)
-    routed_scaling_factor: float = Field(gt=0)
+    routed_scaling_factor: float = Field(gt=0, le=1e6)
     first_k_dense_replace: int = Field(ge=0)
-    rms_norm_eps: float = Field(gt=0)
-    rope_theta: float = Field(gt=0)
+    rms_norm_eps: float = Field(ge=1e-12, le=0.1)  # 1e-6 in the released models; outside, decodes are noise
+    rope_theta: float = Field(gt=1, le=1e12)  # 600000 released; inf or 1e308 gives no rotation at all
     partial_rotary_factor: float = Field(gt=0, le=1)
     max_position_embeddings: int = Field(gt=0)
     initializer_range: float = Field(default=0.02, gt=0)

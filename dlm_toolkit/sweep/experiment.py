@@ -158,6 +158,14 @@ class Experiment(_Frozen):
 
     _source: Path | None = PrivateAttr(None)
 
+    @field_validator("mlflow_experiment")
+    @classmethod
+    def _experiment_name(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError(f"mlflow_experiment: must name an MLflow experiment (got {v!r}); leave the key out "
+                             "for the default dlm-sweep")
+        return v
+
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, v: dict[str, str]) -> dict[str, str]:
@@ -221,10 +229,31 @@ class Experiment(_Frozen):
                                   "search_space", "objectives")}
 
 
+PRIVILEGED_TASK_ARGS = {"unsafe_exec": "--unsafe-exec"}
+"""Task arguments that weaken isolation, with the command-line flag that grants each: they are
+never read from an experiment file or a study store, only from the command line of the person
+who runs it (``dlm sweep --unsafe-exec``, ``dlm replay --unsafe-exec``)."""
+
+
+def check_unprivileged(task_args: Any, where: str, command: str) -> None:
+    """Refuse ``task_args`` that ask for a privilege (see :data:`PRIVILEGED_TASK_ARGS`).
+
+    Raises:
+        ConfigError: ``WHERE: task_args.unsafe_exec: ...; pass `COMMAND --unsafe-exec` ...``.
+    """
+    if not isinstance(task_args, Mapping):
+        return
+    for key, flag in PRIVILEGED_TASK_ARGS.items():
+        if key in task_args:
+            raise ConfigError(f"{where}: task_args.{key}: weakens the sandbox and is only taken from the command "
+                              f"line, never from a file; remove it and pass `{command} {flag}` to allow it")
+
+
 def load_experiment(
     source: str | Path | Mapping[str, Any],
     overrides: Mapping[str, Any] | None = None,
     base_dir: str | Path | None = None,
+    unsafe_exec: bool = False,
 ) -> Experiment:
     """Read, resolve and validate an experiment.
 
@@ -232,6 +261,8 @@ def load_experiment(
         source: a YAML file path or an already-parsed dict.
         overrides: flat-key overrides of the base policy (``dlm sweep --set``).
         base_dir: folder for relative paths of a dict source (default: current folder).
+        unsafe_exec: the command line's ``--unsafe-exec`` (a code task may run without
+            bubblewrap); an experiment *file* that sets ``task_args.unsafe_exec`` is refused.
 
     Raises:
         ConfigError: unreadable file, unknown keys, bad values, search-space keys that do not
@@ -250,6 +281,10 @@ def load_experiment(
         data = read_mapping_file(path)  # bounded: size limit, no YAML aliases
         folder = path.resolve().parent
         where = str(path)
+        check_unprivileged(data.get("task_args"), where, "dlm sweep")
+    if unsafe_exec and _takes(data.get("task"), "unsafe_exec"):
+        data["task_args"] = {**(data.get("task_args") if isinstance(data.get("task_args"), dict) else {}),
+                             "unsafe_exec": True}
     data = _resolve_paths(data, folder)
     with allow_imports(imports_allowed() or data.get("allow_import") is True):
         try:
@@ -267,6 +302,15 @@ def load_experiment(
         except ConfigError as err:
             raise ConfigError(f"{where}: {err}") from None
     return exp
+
+
+def _takes(task: Any, arg: str) -> bool:
+    """Whether registered task ``task`` takes constructor argument ``arg`` (a flag that only
+    code tasks use is a no-op for the others, as ``dlm eval --unsafe-exec`` is)."""
+    from dlm_toolkit.tasks import TASKS
+
+    cls = TASKS.get(task) if isinstance(task, str) else None
+    return cls is not None and arg in inspect.signature(cls).parameters
 
 
 def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:

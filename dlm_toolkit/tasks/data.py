@@ -10,8 +10,12 @@ format, from the first of:
 3. ``./data/<task folder>/<file>`` (relative to the working folder).
 
 A missing file is one line naming the task, the path looked at and the one-line command that puts
-the file there (``README.md``, "Reproduce the paper", lists them with their licences). A file of
-the wrong format names the line (JSONL) or the record (JSON) and the field.
+the file there (``README.md``, "Reproduce the paper", lists them with their licences). Files are
+read as config files are (:func:`read_data_text`: regular files only -- a FIFO, a device or a
+``/proc`` file is refused by name, never opened for reading --, a size limit, JSON nesting at most
+:data:`~dlm_toolkit.files.MAX_JSON_DEPTH` deep) and every record is checked by its task's
+:class:`RowSchema` (strict types: MBPP's ``test_imports`` is a list of strings, never a string). A
+bad record is one line naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -19,16 +23,20 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Annotated, Any, ClassVar, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json, read_text
 
 from .base import Instance, Split, Task, _check_args
 
-__all__ = ["DATA_ENV", "BenchmarkTask", "DataError", "DataSource", "fixed_subset", "read_json_records", "read_jsonl",
-           "resolve_data"]
+__all__ = ["DATA_ENV", "BenchmarkTask", "DataError", "DataSource", "FiniteNumber", "Row", "RowSchema", "fixed_subset",
+           "read_data_text", "read_json_records", "read_jsonl", "resolve_data"]
 
 DATA_ENV = "DLM_DATA_DIR"
 DEFAULT_ROOT = "data"
@@ -60,7 +68,9 @@ def resolve_data(task: str, source: DataSource, data: str | Path | None) -> Path
     """The benchmark file ``task`` reads (see the module docstring for the order).
 
     Raises:
-        DataError: no file there; the message names the path and the command that puts it there.
+        DataError: no file there (the message names the path and the command that puts it
+            there), or something that is not a regular file of at most :data:`MAX_DATA_BYTES`
+            (a FIFO, a device, a socket: named as such, never read).
     """
     if data is not None and str(data) != "":
         path = Path(data).expanduser()
@@ -71,59 +81,144 @@ def resolve_data(task: str, source: DataSource, data: str | Path | None) -> Path
         root = os.environ.get(DATA_ENV) or DEFAULT_ROOT
         path = Path(root).expanduser() / source.folder / source.filename
         where = f"${DATA_ENV}" if os.environ.get(DATA_ENV) else f"default data folder ./{DEFAULT_ROOT}"
-    if not path.is_file():
+    if not os.path.exists(path):
         raise DataError(f"task '{task}': no data file at {path} ({where}); put it there with: {source.fetch} "
                         f"(licence: {source.licence}), or pass --data PATH")
-    size = path.stat().st_size
-    if size > MAX_DATA_BYTES:
-        raise DataError(f"task '{task}': {path} is {size} bytes, more than the {MAX_DATA_BYTES} a benchmark file may have")
+    try:
+        check_regular(path, MAX_DATA_BYTES, f"task '{task}''s data file")
+    except InputFileError as err:
+        raise DataError(str(err)) from None
     return path
 
 
-def _check_fields(record: Any, required: Sequence[str], where: str) -> dict[str, Any]:
+class RowSchema(BaseModel):
+    """Base of a benchmark's row schema: the fields a task reads, strictly typed (a string where
+    a list belongs is refused, never iterated); other fields of the official files are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+FiniteNumber = Annotated[Union[int, float], Field(allow_inf_nan=False)]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One record of a benchmark file: ``where`` is ``PATH:LINE`` (for messages), ``index`` its
+    0-based position among the records, ``data`` its fields (validated by the task's schema)."""
+
+    where: str
+    index: int
+    data: dict[str, Any]
+
+
+def read_data_text(path: Path) -> str:
+    """The text of a benchmark file, through the same bounded reader as config files: a regular
+    file of 1 .. :data:`MAX_DATA_BYTES` bytes, UTF-8. A file whose size reads as 0 is refused
+    before reading: empty, or a ``/proc``/``/sys`` pseudo-file (``/proc/self/pagemap`` would
+    read without end)."""
+    try:
+        size = check_regular(path, MAX_DATA_BYTES, "a benchmark data file")
+        if size == 0:
+            raise DataError(f"{path}: a benchmark data file of size 0 (empty, or a /proc or /sys file that is "
+                            "never read): no records")
+        return read_text(path, size, "a benchmark data file")  # refused if it grew past its size since
+    except InputFileError as err:
+        raise DataError(str(err)) from None
+
+
+def _check_fields(record: Any, schema: type[RowSchema] | Sequence[str], where: str) -> dict[str, Any]:
+    """``record`` if it is an object with every required field, valid under ``schema`` (a
+    :class:`RowSchema`; a plain sequence of field names checks presence only)."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, found {type(record).__name__}")
+    typed = isinstance(schema, type) and issubclass(schema, BaseModel)
+    required = [n for n, f in schema.model_fields.items() if f.is_required()] if typed else list(schema)
     missing = [f for f in required if f not in record]
     if missing:
         raise DataError(f"{where}: missing field(s) {', '.join(repr(m) for m in missing)} "
                         f"(a record needs {', '.join(required)})")
+    if not typed:
+        return record
+    try:
+        schema.model_validate(record)
+    except ValidationError as err:
+        e = err.errors()[0]  # a union's member tags ('answer.str') are left out of the field's path
+        field = ".".join(str(p) for p in e["loc"] if isinstance(p, int) or p in schema.model_fields)
+        raise DataError(f"{where}: field '{field}': {e['msg']} (got {type(e['input']).__name__} "
+                        f"{_short(e['input'])})") from None
     return record
 
 
-def read_jsonl(path: Path, required: Sequence[str]) -> list[dict[str, Any]]:
-    """One JSON object per line (blank lines skipped), each with the ``required`` fields.
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_jsonl(path: Path, schema: type[RowSchema]) -> list[Row]:
+    """One JSON object per line (blank lines skipped), each valid under ``schema``.
 
     Raises:
-        DataError: naming the line of the first record that is not JSON or lacks a field.
+        DataError: ``PATH:LINE: ...`` for the first record that is not JSON, nests deeper than
+            :data:`~dlm_toolkit.files.MAX_JSON_DEPTH`, lacks a field or has one of the wrong type.
     """
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{number}: not a JSON line ({e.msg} at column {e.colno})") from None
-            records.append(_check_fields(record, required, f"{path}:{number}"))
-    if not records:
+    rows = []
+    for number, line in enumerate(read_data_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = parse_json(line, where)
+        except InputFileError as err:
+            raise DataError(f"{err} (a JSON line)") from None
+        rows.append(Row(where, len(rows), _check_fields(record, schema, where)))
+    if not rows:
         raise DataError(f"{path}: no records (expected one JSON object per line)")
-    return records
+    return rows
 
 
-def read_json_records(path: Path, required: Sequence[str]) -> list[dict[str, Any]]:
-    """A JSON array of objects, each with the ``required`` fields (MBPP's ``sanitized-mbpp.json``).
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def read_json_records(path: Path, schema: type[RowSchema]) -> list[Row]:
+    """A JSON array of objects, each valid under ``schema`` (MBPP's ``sanitized-mbpp.json``);
+    each record's ``where`` names the line it starts on.
 
     Raises:
-        DataError: not JSON, not an array, or naming the first record that lacks a field.
+        DataError: not JSON, nested too deep, not a non-empty array, or ``PATH:LINE: record I:
+            ...`` for the first record that lacks a field or has one of the wrong type.
     """
+    text = read_data_text(path)
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise DataError(f"{path}: JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
+    decoder = json.JSONDecoder()
+    i = _WS.match(text).end()
+    if not text.startswith("[", i):
+        try:
+            data = parse_json(text, str(path))
+        except InputFileError as err:
+            raise DataError(str(err)) from None
+        raise DataError(f"{path}: expected a non-empty JSON array of records, found {type(data).__name__}")
+    i, line, at, rows = _WS.match(text, i + 1).end(), 1, 0, []
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        while not text.startswith("]", i):
+            line += text.count("\n", at, i)
+            at = i
+            record, i = decoder.raw_decode(text, i)
+            where = f"{path}:{line}: record {len(rows)}"
+            rows.append(Row(where, len(rows), _check_fields(record, schema, where)))
+            i = _WS.match(text, i).end()
+            if text.startswith(",", i):
+                i = _WS.match(text, i + 1).end()
+            elif not text.startswith("]", i):
+                raise json.JSONDecodeError("expected ',' or ']'", text, i)
+        if _WS.match(text, i + 1).end() != len(text):
+            raise json.JSONDecodeError("extra data after the array", text, i + 1)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not a JSON file ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    if not isinstance(data, list) or not data:
-        raise DataError(f"{path}: expected a non-empty JSON array of records, found {type(data).__name__}")
-    return [_check_fields(r, required, f"{path}: record {i}") for i, r in enumerate(data)]
+    if not rows:
+        raise DataError(f"{path}: expected a non-empty JSON array of records, found an empty one")
+    return rows
 
 
 def fixed_subset(items: Sequence[Instance], n: int, seed: int, split: Split, name: str) -> list[Instance]:

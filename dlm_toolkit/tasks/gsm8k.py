@@ -30,7 +30,7 @@ from typing import Any, Literal
 from dlm_toolkit.config import ConfigError
 
 from .base import Instance
-from .data import BenchmarkTask, DataError, DataSource, read_jsonl
+from .data import BenchmarkTask, DataError, DataSource, FiniteNumber, RowSchema, read_jsonl
 
 __all__ = ["FLEXIBLE", "GSM8KTask", "GSMPlusTask", "STRICT", "extract_answer", "gsm8k_match", "reference_answer"]
 
@@ -104,12 +104,19 @@ class GSM8KTask(BenchmarkTask):
         self.match: Match = match
         super().__init__(data, answer_length)
 
+    class Record(RowSchema):
+        """A line of GSM8K's ``test.jsonl``: the solution ends in ``#### N``."""
+
+        question: str
+        answer: str
+
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for i, r in enumerate(read_jsonl(path, ("question", "answer"))):
-            if "####" not in str(r["answer"]):
-                raise DataError(f"{path}: record {i}: 'answer' has no '#### N' final answer")
-            out.append(self._instance(str(r["question"]), str(r["answer"]), {"index": i}))
+        for row in read_jsonl(path, self.Record):
+            i, r = row.index, row.data
+            if "####" not in r["answer"]:
+                raise DataError(f"{row.where}: record {i}: 'answer' has no '#### N' final answer")
+            out.append(self._instance(r["question"], r["answer"], {"index": i}))
         return out
 
     @staticmethod
@@ -148,9 +155,17 @@ class GSMPlusTask(GSM8KTask):
         self.critical_thinking = bool(critical_thinking)
         super().__init__(data, answer_length, match)
 
+    class Record(RowSchema):
+        """A line of ``gsmplus_testmini.jsonl`` (the answer: a number, or "None")."""
+
+        question: str
+        answer: str | FiniteNumber
+        perturbation_type: str
+
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for i, r in enumerate(read_jsonl(path, ("question", "answer", "perturbation_type"))):
+        for row in read_jsonl(path, self.Record):
+            i, r = row.index, row.data
             answer = str(r["answer"]).strip()
             if answer == "None" and not self.critical_thinking:
                 continue

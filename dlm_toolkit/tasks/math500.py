@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from .base import Instance
-from .data import BenchmarkTask, DataSource, read_jsonl
+from .data import BenchmarkTask, DataSource, FiniteNumber, RowSchema, read_jsonl
 
 __all__ = ["Math500Task", "is_equiv", "last_boxed", "normalise_answer"]
 
@@ -139,10 +139,18 @@ class Math500Task(BenchmarkTask):
     def __init__(self, data: str | Path | None = None, answer_length: int = 512) -> None:
         super().__init__(data, answer_length)
 
+    class Record(RowSchema):
+        """A line of PRM800K's MATH-500 ``test.jsonl``."""
+
+        problem: str
+        answer: str | FiniteNumber
+        unique_id: str | None = None
+
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for i, r in enumerate(read_jsonl(path, ("problem", "answer"))):
-            problem = str(r["problem"])
+        for row in read_jsonl(path, self.Record):
+            i, r = row.index, row.data
+            problem = r["problem"]
             out.append(Instance(prompt=f"Problem: {problem}\nSolution:", reference=str(r["answer"]),
                                 meta={"index": i, "unique_id": r.get("unique_id", str(i)),
                                       "chat_prompt": CHAT_INSTRUCTION.format(problem=problem)}))

@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import ast
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from dlm_toolkit.config import ConfigError
 
 from .base import Instance
 from .code import check_solution, extract_code, output_tests, run_outputs
-from .data import BenchmarkTask, DataError, DataSource, read_json_records, read_jsonl
+from .data import BenchmarkTask, DataError, DataSource, FiniteNumber, RowSchema, read_json_records, read_jsonl
 from .sandbox import SandboxResult, check_isolation
 
 __all__ = ["CodeTask", "HumanEvalPlusTask", "MBPPTask", "MBPPPlusTask", "called_function"]
 
 MBPP_TEST_IDS = range(11, 511)
+REFERENCE_CHUNK = 2000  # inputs per sandbox run of a canonical solution (EvalPlus problems have ~1000)
 CODE_REQUEST = "Write the Python function in one ```python code block."
 
 
@@ -107,18 +111,27 @@ class MBPPTask(CodeTask):
     )
     stop = ("[DONE]", "</s>", "<|im_end|>")
 
+    class Record(RowSchema):
+        """A record of ``sanitized-mbpp.json``: ``test_imports`` and ``test_list`` are lists of
+        lines of code (a string there would be read one character per line)."""
+
+        task_id: int
+        prompt: str
+        code: str
+        test_list: Annotated[list[str], Field(min_length=1)]
+        test_imports: list[str] | None = None
+
     def _load(self, path: Path) -> list[Instance]:
         out = []
-        for i, r in enumerate(read_json_records(path, ("task_id", "prompt", "code", "test_list"))):
-            if not isinstance(r["task_id"], int) or r["task_id"] not in MBPP_TEST_IDS:
+        for row in read_json_records(path, self.Record):
+            r = row.data
+            if r["task_id"] not in MBPP_TEST_IDS:
                 continue
             tests = r["test_list"]
-            if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
-                raise DataError(f"{path}: record {i}: 'test_list' must be a non-empty list of assert strings")
-            entry = called_function(tests, _defined_functions(str(r["code"])))
+            entry = called_function(tests, _defined_functions(r["code"]))
             if entry is None:
-                raise DataError(f"{path}: record {i}: no function of 'code' is called by 'test_list'")
-            imports = [t for t in r.get("test_imports") or [] if isinstance(t, str)]
+                raise DataError(f"{row.where}: no function of 'code' is called by 'test_list'")
+            imports = list(r.get("test_imports") or [])
             listing = "\n".join(tests)
             out.append(Instance(
                 prompt=(f"You are an expert Python programmer, and here is your task: {r['prompt']} "
@@ -140,6 +153,9 @@ class _EvalPlusTask(CodeTask):
         plus: test on the base and the plus inputs (default); ``False``: base inputs only.
     """
 
+    reference_budget_s: float = 600.0
+    """Time bound on computing one problem's reference outputs (all its sandbox runs together)."""
+
     def __init__(self, data: str | Path | None = None, answer_length: int = 512, timeout_s: float = 20.0,
                  memory_mb: int = 1024, unsafe_exec: bool = False, plus: bool = True) -> None:
         self.plus = bool(plus)
@@ -147,15 +163,24 @@ class _EvalPlusTask(CodeTask):
         self._lock = threading.Lock()
         super().__init__(data, answer_length, timeout_s, memory_mb, unsafe_exec)
 
+    class Record(RowSchema):
+        """A line of EvalPlus's ``HumanEvalPlus.jsonl`` / ``MbppPlus.jsonl``: inputs are lists of
+        argument lists, ``atol`` a finite tolerance >= 0."""
+
+        task_id: str | int
+        prompt: str
+        entry_point: str
+        canonical_solution: str
+        base_input: list[list[Any]]
+        plus_input: list[list[Any]]
+        atol: Annotated[FiniteNumber, Field(ge=0)] | None = None
+
     def _load(self, path: Path) -> list[Instance]:
-        fields = ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input")
         out = []
-        for number, r in enumerate(read_jsonl(path, fields), start=1):
-            if not str(r["entry_point"]).isidentifier():
-                raise DataError(f"{path}: record on line {number}: 'entry_point' {r['entry_point']!r} is not a name")
-            for key in ("base_input", "plus_input"):
-                if not isinstance(r[key], list) or not all(isinstance(a, list) for a in r[key]):
-                    raise DataError(f"{path}: record on line {number}: '{key}' must be a list of argument lists")
+        for row in read_jsonl(path, self.Record):
+            r = row.data
+            if not r["entry_point"].isidentifier():
+                raise DataError(f"{row.where}: 'entry_point' {r['entry_point']!r} is not a name")
             out.append(self._instance(r))
         return out
 
@@ -171,11 +196,35 @@ class _EvalPlusTask(CodeTask):
         with self._lock:
             expected = self._expected.get(key)
         if expected is None:  # the canonical solution runs once per problem
-            expected = run_outputs(self.reference_program(instance), instance.meta["entry_point"], inputs,
-                                   timeout_s=self.timeout_s, memory_mb=self.memory_mb, unsafe_exec=self.unsafe_exec)
+            expected = self._reference_outputs(instance, inputs)
             with self._lock:
                 self._expected[key] = expected
         return output_tests(instance.meta["entry_point"], inputs, expected, instance.meta["atol"])
+
+    def _reference_outputs(self, instance: Instance, inputs: list[list[Any]]) -> list[str]:
+        """The canonical solution's outputs, :data:`REFERENCE_CHUNK` inputs per sandbox run, with a
+        progress bar where there are several runs and a bound on the time of all of them.
+
+        Raises:
+            DataError: the problem's inputs take longer than :attr:`reference_budget_s`.
+        """
+        from tqdm.auto import tqdm
+
+        program, entry = self.reference_program(instance), instance.meta["entry_point"]
+        deadline = time.monotonic() + self.reference_budget_s
+        outputs: list[str] = []
+        with tqdm(total=len(inputs), desc=f"{instance.meta['task_id']}: reference outputs", unit="input",
+                  leave=False, disable=True if len(inputs) <= REFERENCE_CHUNK else None) as bar:
+            for start in range(0, len(inputs), REFERENCE_CHUNK):
+                if start and time.monotonic() > deadline:  # a problem that fits one run is bounded by its timeout
+                    raise DataError(f"task '{self.name}': {instance.meta['task_id']}: the canonical solution's outputs "
+                                    f"on {len(inputs)} inputs took more than {self.reference_budget_s:g} s "
+                                    f"({start} done); pass plus: false or a file with fewer plus_input rows")
+                chunk = inputs[start:start + REFERENCE_CHUNK]
+                outputs += run_outputs(program, entry, chunk, timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+                                       unsafe_exec=self.unsafe_exec)
+                bar.update(len(chunk))
+        return outputs
 
     def canonical_key(self, instance: Instance) -> str:
         return str(instance.meta["task_id"])
