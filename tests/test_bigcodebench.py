@@ -239,3 +239,24 @@ def test_readme_command_on_the_testbed(chat_testbed, capsys):
     assert "env_missing: 1 task(s) left out" in captured.err
     assert main(["eval", "--checkpoint", str(chat_testbed), "--task", "bigcodebench", "--data", str(tiny),
                  "--n", "2", "--json", "--no-progress"]) == 2  # 1 runnable task: n=2 is refused, nothing decoded
+
+
+# ----------------------------------------------------------------------------- the official grader agrees
+def test_our_verdicts_match_the_official_graders(task, by_id):
+    """bigcodebench 0.2.5's own ``untrusted_check`` (scripts/test.sh installs it without its generation
+    dependencies; its grader needs numpy only) on the same programs: the same pass/fail for the canonical
+    solutions, a near-miss of each task and an early exit (its harness waits out 241 s on an ``os._exit``:
+    not compared)."""
+    official = pytest.importorskip("bigcodebench.eval", reason="pip install --no-deps bigcodebench==0.2.5")
+    cases = [(tid, by_id[tid].reference) for tid in NEAR_MISSES]
+    cases += [(tid, misses[0][0]) for tid, misses in NEAR_MISSES.items()]
+    cases += [("BigCodeBench/0", "    return []\nimport sys\nsys.exit(0)\n")]
+    ours, theirs = [], []
+    for tid, completion in cases:
+        inst = by_id[tid]
+        program = task.program(inst, completion)
+        ours.append(task.run_program(inst, program).passed)
+        status, _ = official.untrusted_check(program, inst.meta["test"], inst.meta["entry_point"], 30 * 1024,
+                                             30 * 1024, 10, 1, 20)
+        theirs.append(status == "pass")
+    assert ours == theirs == [True, True] + [False] * (len(cases) - 2)
