@@ -260,3 +260,21 @@ def test_our_verdicts_match_the_official_graders(task, by_id):
                                              30 * 1024, 10, 1, 20)
         theirs.append(status == "pass")
     assert ours == theirs == [True, True] + [False] * (len(cases) - 2)
+
+
+def test_the_report_pipe_is_gone_from_its_named_number_and_from_child_processes():
+    """Before the candidate runs, the harness moves the report pipe off the number its command line names
+    (that number is closed) to a close-on-exec descriptor, which a process the candidate starts never holds."""
+    tests = (
+        "import json, os, subprocess, sys, unittest\n\n\n"
+        "class TestCases(unittest.TestCase):\n"
+        "    def test_fds(self):\n"
+        "        cfg = json.loads(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[-2])\n"
+        "        with self.assertRaises(OSError):\n"
+        "            os.fstat(cfg['report_fd'])\n"
+        "        child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.listdir(\"/proc/self/fd\")))'],\n"
+        "                               capture_output=True, text=True, check=True, close_fds=False).stdout\n"
+        "        self.assertNotIn(\"'900'\", child)\n"
+        "        self.assertIn(\"'0'\", child)\n")
+    result = run_unittest("x = 1\n", tests, timeout_s=30)
+    assert result.passed, result.reason
