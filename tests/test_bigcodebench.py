@@ -6,10 +6,10 @@ on the testbed. Fixtures: tests/fixtures/bigcodebench (official format, written 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from test_reproduce import chat_testbed  # noqa: F401 -- the testbed with a chat template (a fixture)
 
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError
@@ -214,16 +214,6 @@ def test_a_test_module_that_does_not_load_scores_zero_with_the_reason():
 
 
 # ----------------------------------------------------------------------------- README command, end to end
-@pytest.fixture(scope="module")
-def chat_testbed(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bcb") / "LLaDA2.1-mini"
-    shutil.copytree(REPO / "checkpoints" / "testbed-editable", folder)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}{{ m.content }}{% endfor %}"
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return folder
-
-
 def test_readme_command_on_the_testbed(chat_testbed, capsys):
     """README: dlm eval --checkpoint models/LLaDA2.1-mini --task bigcodebench --data data/bigcodebench --chat true ..."""
     tiny = FIX / "tiny.jsonl"
