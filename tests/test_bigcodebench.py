@@ -113,6 +113,7 @@ def test_official_prompts_and_stop_strings(task, by_id):
     assert instruct.user_message(iinst) == body
     assert iinst.prompt == f"{body}{RESPONSE_PREFIX}\n```python\n"
     assert "\ndef " not in instruct.stop and "\nprint(" in instruct.stop  # direct-completion stops: complete only
+    assert "\n```" in instruct.stop and "\n```" not in task.stop
 
 
 def test_program_assembly(task, by_id):
@@ -122,7 +123,9 @@ def test_program_assembly(task, by_id):
     whole = "import numpy as np\ndef task_func(rows, cols, seed=0):\n    return 2\n"
     assert task.program(inst, f"Here:\n```python\n{whole}```\nDone.") == whole  # a fenced whole function
     assert task.program(inst, f"```python\n{body}```") == inst.meta["code_prompt"] + body  # a fenced body only
-    assert task.program(inst, whole, raw=False) == whole
+    assert task.program(inst, whole) == whole  # an unfenced whole function
+    # after the raw instruct prompt's open fence: the code up to the closing fence
+    assert task.program(inst, whole + "```\nThis draws and standardises.") == whole
 
 
 # ----------------------------------------------------------------------------- grading

@@ -18,9 +18,9 @@ Prompts, as the official ``bigcodebench.generate`` builds them:
   fence for ``complete``), answered with a code block; the raw ``instruct`` prompt ends with the
   official response prefix and an opened ```` ```python ```` fence.
 
-Program graded: raw ``complete``: ``complete_prompt + completion`` (the official
-``solution = prompt + completion``). Otherwise the answer's first code block (or the answer); when it
-does not define ``entry_point``, ``code_prompt`` is put before it (the model wrote only the body).
+Program graded (:meth:`BigCodeBenchTask.program`): the answer's code when it defines ``entry_point``
+(a chat answer); a fenced body after ``code_prompt``; otherwise the completion continues the raw
+``complete`` prompt: ``complete_prompt + completion`` (the official ``solution = prompt + completion``).
 
 Grading (:func:`~dlm_toolkit.tasks.unittest_box.run_unittest`): ``program + "\\n" + test`` runs as one
 module in the bubblewrap sandbox, its ``TestCases`` with a ``unittest.TestResult``; a task passes when
@@ -138,7 +138,8 @@ class BigCodeBenchTask(BenchmarkTask):
         self.isolation = check_isolation(unsafe_exec)
         self.env: LibraryEnv = library_env(python or sys.executable)
         self.env_missing: dict[str, list[str]] = {}
-        self.stop = OFFICIAL_STOP + (COMPLETION_STOP if split == "complete" else ())
+        # the raw instruct prompt ends inside an opened fence: its closing fence ends the code
+        self.stop = OFFICIAL_STOP + (COMPLETION_STOP if split == "complete" else ("\n```",))
         super().__init__(data, answer_length)
         if self.env_missing and on_env_missing == "error":
             raise ConfigError(f"task 'bigcodebench': {self.env_report()}")
@@ -206,17 +207,22 @@ class BigCodeBenchTask(BenchmarkTask):
         return str(instance.meta["task_id"])
 
     # ----------------------------------------------------------------- grading
-    def program(self, instance: Instance, completion: str, *, raw: bool | None = None) -> str:
-        """The program graded for ``completion`` (see the module docstring). ``raw``: the completion
-        continues the raw ``complete`` prompt (default: ``complete`` split without a chat template)."""
-        if raw is None:
-            raw = self.split == "complete" and self.chat != "true"
+    def program(self, instance: Instance, completion: str) -> str:
+        """The program graded for ``completion``: the answer's code (its first fenced block; without an
+        opening fence, the text before a closing one, as after the raw ``instruct`` prompt's open fence)
+        when it defines ``entry_point``; a fenced body after ``code_prompt``; otherwise the completion
+        continues the raw ``complete`` prompt: ``complete_prompt + completion``."""
+        entry = instance.meta["entry_point"]
+        head = completion.split("```", 1)[0]
+        if head != completion and _defines(head, entry):  # the code, then the fence the prompt opened
+            return head
         code = extract_code(completion)
-        if raw and code is completion:
-            return instance.meta["complete_prompt"] + completion
-        if not _defines(code, instance.meta["entry_point"]):
+        fenced = code is not completion
+        if _defines(code, entry):
+            return code
+        if fenced:
             return instance.meta["code_prompt"] + code
-        return code
+        return instance.meta["complete_prompt"] + completion
 
     def reference_program(self, instance: Instance) -> str:
         """The canonical solution as the official ground-truth check assembles it."""
