@@ -271,3 +271,15 @@ def test_the_report_pipe_is_gone_from_its_named_number_and_from_child_processes(
         "        self.assertIn(\"'0'\", child)\n")
     result = run_unittest("x = 1\n", tests, timeout_s=30)
     assert result.passed, result.reason
+
+
+def test_process_mode_grades_the_same(task, by_id):
+    """--unsafe-exec without bubblewrap: the same verdicts (no reliability guard: the tasks use tempfile,
+    set environment variables and start processes, as the official harness allows)."""
+    for tid, misses in NEAR_MISSES.items():
+        inst = by_id[tid]
+        kwargs = dict(timeout_s=30, unsafe_exec=True, isolation="process")
+        assert run_unittest(task.reference_program(inst), inst.meta["test"], **kwargs).passed
+        assert not run_unittest(task.program(inst, misses[0][0]), inst.meta["test"], **kwargs).passed
+    with pytest.raises(ConfigError, match="unsafe_exec"):
+        run_unittest("x = 1\n", "import unittest\n", isolation="process")

@@ -145,6 +145,10 @@ class BigCodeBenchTask(BenchmarkTask):
             raise ConfigError(f"task 'bigcodebench': {self.env_report()}")
         if self.env_missing:
             print(f"bigcodebench: {self.env_report()}", file=sys.stderr)
+        if self.isolation == "process":
+            print("bigcodebench: without bubblewrap its code runs with process limits only and no reliability guard "
+                  "(its tasks delete files, set environment variables and start processes): a throw-away machine only",
+                  file=sys.stderr)
 
     # ----------------------------------------------------------------- data
     def _load(self, path: Path) -> list[Instance]:
