@@ -283,3 +283,23 @@ def test_process_mode_grades_the_same(task, by_id):
         assert not run_unittest(task.program(inst, misses[0][0]), inst.meta["test"], **kwargs).passed
     with pytest.raises(ConfigError, match="unsafe_exec"):
         run_unittest("x = 1\n", "import unittest\n", isolation="process")
+
+
+def test_the_paper_experiment_loads_with_its_task_options(tmp_path):
+    """experiments/llada2.1-bigcodebench.yaml: every task option it sets is accepted (the task is built
+    from them when the experiment loads); the sweep machinery itself: tests/test_reproduce.py."""
+    import yaml
+
+    import sweep_helpers as h
+    from dlm_toolkit.sweep.experiment import load_experiment
+
+    data = yaml.safe_load((REPO / "experiments" / "llada2.1-bigcodebench.yaml").read_text())
+    assert data["task"] == "bigcodebench" and data["task_args"]["timeout_s"] == 240
+    assert data["presets_to_enqueue"] == ["llada2.1-s", "llada2.1-q"]
+    data.update(model=str(REPO / "checkpoints" / "testbed-editable"))
+    data["task_args"] = {**data["task_args"], "data": str(FIX / "tiny.jsonl")}
+    exp = load_experiment(h.write_yaml(tmp_path / "exp.yaml", data))
+    assert exp.task_args["split"] == "complete" and exp.task_args["answer_length"] == 1280
+    data["task_args"]["subset"] = "hard"
+    with pytest.raises(ConfigError, match="subset 'hard' needs hard_ids"):
+        load_experiment(h.write_yaml(tmp_path / "exp.yaml", data))
