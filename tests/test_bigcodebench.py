@@ -303,3 +303,13 @@ def test_the_paper_experiment_loads_with_its_task_options(tmp_path):
     data["task_args"]["subset"] = "hard"
     with pytest.raises(ConfigError, match="subset 'hard' needs hard_ids"):
         load_experiment(h.write_yaml(tmp_path / "exp.yaml", data))
+
+
+def test_a_report_of_many_failing_tests_stays_within_the_pipe():
+    tests = ("import unittest\n\n\nclass TestCases(unittest.TestCase):\n    pass\n\n\n"
+             "for _i in range(300):\n"
+             "    setattr(TestCases, f'test_{_i:03d}_' + 'x' * 150, lambda self: self.fail('y' * 2000))\n")
+    result = run_unittest("x = 1\n", tests, timeout_s=30)
+    assert not result.passed and result.tests_run == 300 and len(result.failed) == 200
+    assert result.reason.startswith("failed: test_000_") and " and 100 more (test_000_" in result.reason
+    assert sum(bool(trace) for trace in result.failed.values()) == 20
