@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .sandbox import SandboxUnavailable, check_isolation, sandbox_info
 from .sandbox.probe import others_can_reach, prefix_of
@@ -270,7 +270,7 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
     facts = UnittestResult(passed=False, reason="", timed_out=not finished, returncode=returncode,
                            stderr_tail=stderr, duration_s=duration)
     if not finished:
-        return None, _replace(facts, reason=f"timed out after {timeout_s:g} s")
+        return None, replace(facts, reason=f"timed out after {timeout_s:g} s")
     try:
         report = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -278,16 +278,10 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
     if not isinstance(report, dict):
         why = ("more than one report, or a garbled one, reached the report channel" if raw else
                f"the process ended (exit status {returncode}) before the tests reported")
-        return None, _replace(facts, reason=why)
+        return None, replace(facts, reason=why)
     if not echoed or returncode != 0:
-        return None, _replace(facts, reason=f"the process ended (exit status {returncode}) before the harness returned")
+        return None, replace(facts, reason=f"the process ended (exit status {returncode}) before the harness returned")
     return report, facts
-
-
-def _replace(result: UnittestResult, **changes: object) -> UnittestResult:
-    from dataclasses import replace
-
-    return replace(result, **changes)
 
 
 def run_unittest(program: str, tests: str, *, env: LibraryEnv | None = None, timeout_s: float = 240.0,
@@ -321,14 +315,14 @@ def run_unittest(program: str, tests: str, *, env: LibraryEnv | None = None, tim
     tests_run = report.get("tests")
     if (report.get("status") not in ("pass", "fail") or not isinstance(failed, dict)
             or not isinstance(tests_run, int) or not isinstance(report.get("reason"), str)):
-        return _replace(facts, reason="the report does not follow the harness's format")
+        return replace(facts, reason="the report does not follow the harness's format")
     failed = {str(k): str(v) for k, v in failed.items()}
     passed = report["status"] == "pass" and not failed
     reason = "" if passed else report["reason"] or "failed"
     if failed:
         first = next(iter(sorted(failed)))
         reason += f" ({first}: {failed[first].strip().splitlines()[-1][:300] if failed[first].strip() else ''})"
-    return _replace(facts, passed=passed, reason=reason, tests_run=tests_run, failed=failed)
+    return replace(facts, passed=passed, reason=reason, tests_run=tests_run, failed=failed)
 
 
 def probe_modules(names: list[str] | tuple[str, ...], *, env: LibraryEnv | None = None, unsafe_exec: bool = False,
