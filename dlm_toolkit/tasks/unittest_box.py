@@ -39,9 +39,10 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from .sandbox import SandboxUnavailable, check_isolation, sandbox_info
+from .sandbox import sandbox_info
 from .sandbox.probe import others_can_reach, prefix_of
 from .sandbox.process import SandboxProcess, read_available
+from .sandbox.runner import _isolation
 
 __all__ = ["LibraryEnv", "UnittestResult", "library_env", "probe_modules", "run_unittest", "top_level_imports"]
 
@@ -228,15 +229,7 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
     if not timeout_s > 0 or not memory_mb > 0:
         raise ValueError(f"timeout_s and memory_mb must be > 0 (got {timeout_s!r}, {memory_mb!r})")
     info = sandbox_info(env.python)
-    isolation = isolation or check_isolation(unsafe_exec, info)
-    if isolation not in ("bwrap", "process"):
-        raise ValueError(f"isolation must be 'bwrap' or 'process', got {isolation!r}")
-    if isolation == "process" and not unsafe_exec:
-        raise SandboxUnavailable("isolation 'process' runs untrusted code without the OS sandbox; it needs "
-                                 "unsafe_exec=True (--unsafe-exec)")
-    if isolation == "bwrap" and info.bwrap is None:
-        raise SandboxUnavailable(f"bubblewrap is not usable here: {info.bwrap_problem}")
-    boxed = isolation == "bwrap"
+    boxed = _isolation(unsafe_exec, isolation, info)  # the sandbox's own rule: process mode needs unsafe_exec
     code = _HARNESS.replace("_json.loads(_PAYLOAD)", f"_json.loads({json.dumps(json.dumps(payload))})")
     token = os.urandom(16).hex().encode()
     token_r, token_w = os.pipe()
