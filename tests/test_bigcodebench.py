@@ -255,16 +255,20 @@ def test_our_verdicts_match_the_official_graders(task, by_id):
     assert ours == theirs == [True, True] + [False] * (len(cases) - 2)
 
 
-def test_the_report_pipe_is_gone_from_its_named_number_and_from_child_processes():
-    """Before the candidate runs, the harness moves the report pipe off the number its command line names
-    (that number is closed) to a close-on-exec descriptor, which a process the candidate starts never holds."""
+def test_the_report_pipe_is_held_close_on_exec_out_of_reach_of_child_processes():
+    """Before the candidate runs, the harness moves the report pipe to a close-on-exec descriptor (the
+    number it was passed as is closed), which a process the candidate starts never holds (even with
+    close_fds=False)."""
     tests = (
-        "import json, os, subprocess, sys, unittest\n\n\n"
+        "import fcntl, os, stat, subprocess, sys, unittest\n\n\n"
         "class TestCases(unittest.TestCase):\n"
         "    def test_fds(self):\n"
-        "        cfg = json.loads(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[-2])\n"
-        "        with self.assertRaises(OSError):\n"
-        "            os.fstat(cfg['report_fd'])\n"
+        "        self.assertTrue(stat.S_ISFIFO(os.fstat(900).st_mode))\n"
+        "        self.assertTrue(fcntl.fcntl(900, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)\n"
+        "        pipe = os.readlink('/proc/self/fd/900')\n"  # the number it was passed as is closed
+        "        holders = [fd for fd in os.listdir('/proc/self/fd') if os.path.exists(f'/proc/self/fd/{fd}')\n"
+        "                   and os.readlink(f'/proc/self/fd/{fd}') == pipe]\n"
+        "        self.assertEqual(holders, ['900'])\n"
         "        child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.listdir(\"/proc/self/fd\")))'],\n"
         "                               capture_output=True, text=True, check=True, close_fds=False).stdout\n"
         "        self.assertNotIn(\"'900'\", child)\n"

@@ -8,8 +8,7 @@ inside the bubblewrap sandbox (:class:`~dlm_toolkit.tasks.sandbox.process.Sandbo
 ``script``).
 
 How the verdict travels (:func:`run_unittest`): our harness (trusted text, run before any candidate
-byte) moves the report pipe to a high, close-on-exec descriptor and closes the number named on the
-command line, silences ``sys.stdout``/``sys.stderr`` (as the official ``swallow_io``), executes
+byte) moves the report pipe to a high, close-on-exec descriptor and closes the number it was passed as, silences ``sys.stdout``/``sys.stderr`` (as the official ``swallow_io``), executes
 ``program + "\\n" + tests`` as module ``__test__``, runs its ``TestCases`` with a
 ``unittest.TestResult`` and writes one JSON report to the pipe. The evaluator passes a task only if
 (1) exactly one well-formed report arrived and says every test ran without failure or error,
@@ -151,11 +150,10 @@ _HARNESS = r'''
 import fcntl as _fcntl, json as _json, os as _os, sys as _sys
 
 def _main():
-    cfg = _json.loads(_sys.argv[1])
-    fd = _fcntl.fcntl(cfg["report_fd"], _fcntl.F_DUPFD_CLOEXEC, %(high)d)
-    _os.close(cfg["report_fd"])
-    _sys.argv[:] = ["__test__.py"]
     payload = _json.loads(_PAYLOAD)
+    fd = _fcntl.fcntl(payload["report_fd"], _fcntl.F_DUPFD_CLOEXEC, %(high)d)
+    _os.close(payload["report_fd"])
+    _sys.argv[:] = ["__test__.py"]
     import site
     for folder in payload["binds"]:
         site.addsitedir(folder)
@@ -230,11 +228,12 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
         raise ValueError(f"timeout_s and memory_mb must be > 0 (got {timeout_s!r}, {memory_mb!r})")
     info = sandbox_info(env.python)
     boxed = _isolation(unsafe_exec, isolation, info)  # the sandbox's own rule: process mode needs unsafe_exec
-    code = _HARNESS.replace("_json.loads(_PAYLOAD)", f"_json.loads({json.dumps(json.dumps(payload))})")
     token = os.urandom(16).hex().encode()
     token_r, token_w = os.pipe()
     result_r, result_w = os.pipe()
     report_r, report_w = os.pipe()
+    payload = {**payload, "report_fd": report_w}  # the child keeps the number (pass_fds)
+    code = _HARNESS.replace("_json.loads(_PAYLOAD)", f"_json.loads({json.dumps(json.dumps(payload))})")
     os.write(token_w, token)
     os.close(token_w)
     ours = [token_r, result_w, report_w]
