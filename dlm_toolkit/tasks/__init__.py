@@ -8,7 +8,7 @@
 Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``,
 three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick``, and the
 benchmarks read from local files (:mod:`dlm_toolkit.tasks.data`): ``gsm8k``, ``gsm_plus``, ``math500``,
-``mbpp``, ``humaneval_plus``, ``mbpp_plus``, ``livecodebench``, and ``lm_eval`` (any lm-evaluation-harness generate_until
+``mbpp``, ``humaneval_plus``, ``mbpp_plus``, ``livecodebench``, ``bigcodebench``, and ``lm_eval`` (any lm-evaluation-harness generate_until
 task; needs the ``eval`` extra) (see :data:`TASKS`). Every task's
 train and eval splits are disjoint by construction (see :mod:`dlm_toolkit.tasks.base`). Chance
 level (random guessing) is ~0 for all of them; :meth:`Task.chance_score` measures it.
@@ -20,6 +20,7 @@ from typing import Any
 
 from .add import AddTask
 from .base import Instance, Split, Task, split_of
+from .bigcodebench import BigCodeBenchTask
 from .data import BenchmarkTask, DataError
 from .either import EitherTask
 from .gsm8k import GSM8KTask, GSMPlusTask
@@ -35,6 +36,7 @@ from .tiesort import TieSortTask
 
 __all__ = [
     "BENCHMARKS",
+    "BigCodeBenchTask",
     "TASKS",
     "AddTask",
     "BenchmarkTask",
@@ -69,6 +71,7 @@ TASKS: dict[str, type[Task]] = {
     for cls in (AddTask, SortTask, SudokuTask, HumanEvalTask, TieSortTask, EitherTask, PickTask, *BENCHMARKS, LmEvalTask)
 }
 """Task name -> task class."""
+TASKS[BigCodeBenchTask.name] = BigCodeBenchTask
 
 PROMPT_OPTIONS = ("chat", "system")
 """Options every task takes besides its constructor's (see :mod:`dlm_toolkit.chat`)."""

@@ -72,12 +72,13 @@ def no_bwrap_message(info: SandboxInfo) -> str:
             "--unsafe-exec (task argument unsafe_exec: true) to run with process-level limits only")
 
 
-def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str]) -> list[str]:
+def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str], ro_binds: tuple[str, ...] = ()) -> list[str]:
     """The bubblewrap command line up to (not including) the interpreter.
 
     New user, PID, network, mount, IPC, UTS and cgroup namespaces; every capability dropped; an
     empty tmpfs root holding ``/usr`` and the interpreter's prefix read-only, a private ``/tmp``
-    and ``workdir`` as ``/sandbox``; killed with its parent; a new session (no terminal)."""
+    and ``workdir`` as ``/sandbox``; killed with its parent; a new session (no terminal).
+    ``ro_binds``: more host folders mounted read-only at the same path (a library environment)."""
     assert info.bwrap is not None and info.bwrap_python is not None
     argv = [info.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr"]
@@ -89,6 +90,8 @@ def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str]) -> list[st
     prefix = prefix_of(info.bwrap_python)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
+    for folder in ro_binds:
+        argv += ["--ro-bind", folder, folder]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), "/sandbox",
              "--chdir", "/sandbox", "--clearenv"]
     for key, value in env.items():

@@ -46,24 +46,25 @@ class SandboxProcess:
         info: this machine's :class:`~.probe.SandboxInfo`.
         exe: the interpreter in process mode.
         extra: more runner config (``entry_point``).
+        ro_binds: host folders mounted read-only under bubblewrap (a library environment).
     """
 
     def __init__(self, *, mode: str, files: dict[str, str], fds: dict[str, int], boxed: bool, info: SandboxInfo,
                  exe: str, timeout_s: float, memory_mb: int, max_processes: int, output_limit_bytes: int,
-                 guard: bool, extra: dict | None = None) -> None:
+                 guard: bool, extra: dict | None = None, ro_binds: tuple[str, ...] = ()) -> None:
         self._stack = ExitStack()
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
         try:
             self._start(mode, files, fds, boxed, info, exe, timeout_s, memory_mb, max_processes,
-                        output_limit_bytes, guard, extra or {})
+                        output_limit_bytes, guard, extra or {}, tuple(ro_binds))
         except BaseException:
             self.close()
             raise
 
     def _start(self, mode: str, files: dict[str, str], fds: dict[str, int], boxed: bool, info: SandboxInfo,
                exe: str, timeout_s: float, memory_mb: int, max_processes: int, output_limit_bytes: int,
-               guard: bool, extra: dict) -> None:
+               guard: bool, extra: dict, ro_binds: tuple[str, ...] = ()) -> None:
         root = os.geteuid() == 0
         uid = None
         if root and (boxed or info.drops_privileges):
@@ -109,7 +110,7 @@ class SandboxProcess:
                 for name in files:
                     os.chown(workdir / f"{name}.py", uid, uid)
                 popen = {"user": uid, "group": uid, "extra_groups": []}
-            argv = bwrap_argv(info, workdir, env) + argv
+            argv = bwrap_argv(info, workdir, env, ro_binds) + argv
         self.out_path, self.err_path = workdir / ".stdout", workdir / ".stderr"
         with open(self.out_path, "wb") as out_f, open(self.err_path, "wb") as err_f:
             self.proc = subprocess.Popen(argv, cwd="/" if boxed else workdir, stdin=subprocess.DEVNULL, stdout=out_f,

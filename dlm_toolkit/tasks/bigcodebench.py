@@ -1,0 +1,257 @@
+"""BigCodeBench (``bigcodebench``): complete or implement a library-using Python function, graded by the
+task's own ``unittest`` module in the sandbox, as the official harness grades.
+
+Data: the official release JSONL (``BigCodeBench.jsonl`` of ``bigcode-project/bigcodebench-annotation``,
+fields ``task_id``, ``complete_prompt``, ``instruct_prompt``, ``canonical_solution``, ``code_prompt``,
+``test``, ``entry_point``, ``doc_struct``, ``libs``). Splits (``split``): ``complete`` (the docstring
+prompt) and ``instruct`` (the natural-language instruction). Subsets (``subset``): ``full`` or ``hard``;
+``hard`` keeps the task ids listed in ``hard_ids`` (a text file with one id a line, or a JSONL file
+with a ``task_id`` per record such as the official ``BigCodeBench-Hard.jsonl``), or, without
+``hard_ids``, the records whose boolean field ``hard`` is true.
+
+Prompts, as the official ``bigcodebench.generate`` builds them:
+
+* ``complete``, raw (a base model, direct completion): ``complete_prompt``; the completion continues
+  the function body; stop strings = the official ones plus its extra ones for direct completion
+  (``\\ndef ``, ``\\nclass ``, ``\\nimport ``, ``\\nfrom ``, ``\\nassert ``).
+* chat (``chat: true``) or ``instruct``: the official instruction prefix, then the prompt (inside a
+  fence for ``complete``), answered with a code block; the raw ``instruct`` prompt ends with the
+  official response prefix and an opened ```` ```python ```` fence.
+
+Program graded (:meth:`BigCodeBenchTask.program`): the answer's code when it defines ``entry_point``
+(a chat answer); a fenced body after ``code_prompt``; otherwise the completion continues the raw
+``complete`` prompt: ``complete_prompt + completion`` (the official ``solution = prompt + completion``).
+
+Grading (:func:`~dlm_toolkit.tasks.unittest_box.run_unittest`): ``program + "\\n" + test`` runs as one
+module in the bubblewrap sandbox, its ``TestCases`` with a ``unittest.TestResult``; a task passes when
+the module loads and no test fails or errors, within the per-task wall-clock limit (official default
+240 s). The sandbox sees the libraries of the Python environment given by ``python`` (default: the
+one the toolkit runs in; ``pip install 'dlm-toolkit[bigcodebench]'`` adds a pinned set).
+
+Missing libraries: before anything is decoded, the modules each task imports (its prompt, canonical
+solution and tests, parsed with :mod:`ast`) are looked up in the sandbox's interpreter. A task with
+any missing is ``env_missing``: it is left out of the instances (never scored as wrong), and
+:attr:`BigCodeBenchTask.env_missing` / :meth:`BigCodeBenchTask.env_report` give the count and the
+modules; ``on_env_missing: error`` refuses instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from dlm_toolkit.config import ConfigError
+
+from .base import Instance
+from .code import extract_code
+from .data import BenchmarkTask, DataError, DataSource, read_jsonl
+from .sandbox import check_isolation
+from .unittest_box import LibraryEnv, UnittestResult, library_env, probe_modules, run_unittest, top_level_imports
+
+__all__ = ["BigCodeBenchTask", "INSTRUCTION_PREFIX", "RESPONSE_PREFIX"]
+
+FIELDS = ("task_id", "complete_prompt", "instruct_prompt", "canonical_solution", "code_prompt", "test", "entry_point")
+INSTRUCTION_PREFIX = ("Please provide a self-contained Python script that solves the following problem in a "
+                      "markdown code block:")
+RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the problem and passes "
+                   "corresponding tests:")
+OFFICIAL_STOP = ("<|endoftext|>", "<|endofmask|>", "</s>", "\nif __name__", "\ndef main(", "\nprint(")
+COMPLETION_STOP = ("\ndef ", "\nclass ", "\nimport ", "\nfrom ", "\nassert ")
+SPLITS = ("complete", "instruct")
+SUBSETS = ("full", "hard")
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and value.isidentifier()
+
+
+def read_hard_ids(path: Path) -> set[str]:
+    """Task ids of the hard subset from ``path``: a JSONL file with ``task_id`` in each record, or
+    plain text with one id a line (blank lines and ``#`` comments skipped).
+
+    Raises:
+        DataError: the file is missing or lists no id.
+    """
+    if not path.is_file():
+        raise DataError(f"hard_ids: no file at {path} (a list of task ids, one a line, or the official "
+                        "BigCodeBench-Hard.jsonl)")
+    text = path.read_text(encoding="utf-8")
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    if first.lstrip().startswith("{"):
+        ids = {str(r["task_id"]) for r in read_jsonl(path, ("task_id",))}
+    else:
+        ids = {ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")}
+    if not ids:
+        raise DataError(f"hard_ids: {path} lists no task id")
+    return ids
+
+
+class BigCodeBenchTask(BenchmarkTask):
+    """BigCodeBench pass@1 (greedy), graded by each task's unit tests in the sandbox.
+
+    Args:
+        data: the release JSONL (file, or folder holding ``BigCodeBench.jsonl``).
+        split: ``complete`` or ``instruct``.
+        subset: ``full`` or ``hard``.
+        hard_ids: for ``subset: hard``, the file listing its task ids (see the module docstring).
+        answer_length: generation budget in tokens (official ``max_new_tokens``: 1280).
+        timeout_s: wall-clock limit per task (official: 240 s).
+        memory_mb: address-space limit (official: 30 GiB).
+        python: the interpreter of the environment whose libraries the sandbox sees (default: this one).
+        on_env_missing: ``skip`` (leave such tasks out and report them) or ``error`` (refuse).
+        unsafe_exec: run without bubblewrap where it is missing (process limits only).
+    """
+
+    name = "bigcodebench"
+    description = "BigCodeBench (complete/instruct, full/hard): a task's unittest module in the sandbox"
+    metric_name = "pass@1"
+    _parallel_scoring = True
+    source = DataSource(
+        folder="bigcodebench", filename="BigCodeBench.jsonl",
+        fetch="mkdir -p data/bigcodebench && curl -fL https://github.com/bigcode-project/bigcodebench-annotation/"
+              "releases/download/v0.1.4/BigCodeBench.jsonl.gz | gunzip > data/bigcodebench/BigCodeBench.jsonl",
+        licence="Apache-2.0 (bigcode-project/bigcodebench)",
+    )
+
+    def __init__(self, data: str | Path | None = None, split: str = "complete", subset: str = "full",
+                 hard_ids: str | Path | None = None, answer_length: int = 1280, timeout_s: float = 240.0,
+                 memory_mb: int = 30 * 1024, python: str | None = None, on_env_missing: str = "skip",
+                 unsafe_exec: bool = False) -> None:
+        if split not in SPLITS:
+            raise ConfigError(f"split: must be one of {', '.join(SPLITS)} (got {split!r})")
+        if subset not in SUBSETS:
+            raise ConfigError(f"subset: must be one of {', '.join(SUBSETS)} (got {subset!r})")
+        if on_env_missing not in ("skip", "error"):
+            raise ConfigError(f"on_env_missing: must be 'skip' or 'error' (got {on_env_missing!r})")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ConfigError(f"timeout_s: must be a number > 0 (got {timeout_s!r})")
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
+            raise ConfigError(f"memory_mb: must be an integer > 0 (got {memory_mb!r})")
+        if python is not None and not Path(python).is_file():
+            raise ConfigError(f"python: no interpreter at {python}")
+        self.split, self.subset = split, subset
+        self.hard = read_hard_ids(Path(hard_ids).expanduser()) if hard_ids not in (None, "") else None
+        self.timeout_s, self.memory_mb, self.unsafe_exec = float(timeout_s), memory_mb, bool(unsafe_exec)
+        self.isolation = check_isolation(unsafe_exec)
+        self.env: LibraryEnv = library_env(python or sys.executable)
+        self.env_missing: dict[str, list[str]] = {}
+        # the raw instruct prompt ends inside an opened fence: its closing fence ends the code
+        self.stop = OFFICIAL_STOP + (COMPLETION_STOP if split == "complete" else ("\n```",))
+        super().__init__(data, answer_length)
+        if self.env_missing and on_env_missing == "error":
+            raise ConfigError(f"task 'bigcodebench': {self.env_report()}")
+        if self.env_missing:
+            print(f"bigcodebench: {self.env_report()}", file=sys.stderr)
+        if self.isolation == "process":
+            print("bigcodebench: without bubblewrap its code runs with process limits only and no reliability guard "
+                  "(its tasks delete files, set environment variables and start processes): a throw-away machine only",
+                  file=sys.stderr)
+
+    # ----------------------------------------------------------------- data
+    def _load(self, path: Path) -> list[Instance]:
+        records = read_jsonl(path, FIELDS)
+        keep = []
+        for number, r in enumerate(records, start=1):
+            where = f"{path}: record {number}"
+            for key in FIELDS:
+                if not isinstance(r[key], str):
+                    raise DataError(f"{where}: '{key}' must be a string, found {type(r[key]).__name__}")
+            if not _is_name(r["entry_point"]):
+                raise DataError(f"{where}: 'entry_point' {r['entry_point']!r} is not a Python name")
+            if "hard" in r and not isinstance(r["hard"], bool):
+                raise DataError(f"{where}: 'hard' must be true or false")
+            if self.subset == "hard" and not (r["task_id"] in self.hard if self.hard is not None else r.get("hard")):
+                continue
+            keep.append(r)
+        if self.subset == "hard" and self.hard is None and not keep:
+            raise DataError(f"task 'bigcodebench': subset 'hard' needs hard_ids (a file of task ids) or records "
+                            f"with \"hard\": true; {path} has none")
+        needs = {r["task_id"]: sorted(top_level_imports(r["complete_prompt"], r["canonical_solution"], r["test"]))
+                 for r in keep}
+        found = probe_modules(sorted({m for mods in needs.values() for m in mods}), env=self.env,
+                              unsafe_exec=self.unsafe_exec, isolation=self.isolation) if keep else {}
+        out = []
+        for r in keep:
+            missing = [m for m in needs[r["task_id"]] if not found.get(m)]
+            if missing:
+                self.env_missing[r["task_id"]] = missing
+                continue
+            out.append(self._instance(r))
+        if keep and not out:
+            raise DataError(f"task 'bigcodebench': every task of {path} is env_missing: {self.env_report()}")
+        return out
+
+    def env_report(self) -> str:
+        """One line: how many tasks are ``env_missing`` and the modules they miss (most needed first)."""
+        if not self.env_missing:
+            return "env_missing: 0 tasks"
+        counts = Counter(m for mods in self.env_missing.values() for m in mods)
+        modules = ", ".join(f"{m} ({c})" for m, c in counts.most_common())
+        why = f"; {self.env.problem}" if self.env.problem else ""
+        return (f"env_missing: {len(self.env_missing)} task(s) left out, their libraries are not importable in "
+                f"the sandbox ({self.env.python}): {modules}{why}; install them there "
+                "(pip install 'dlm-toolkit[bigcodebench]') or pass python=<interpreter>")
+
+    def _instance(self, r: dict[str, Any]) -> Instance:
+        if self.split == "complete":
+            body = f"{INSTRUCTION_PREFIX}\n```\n{r['complete_prompt'].strip()}\n```\n"
+            prompt = r["complete_prompt"]
+        else:
+            body = f"{INSTRUCTION_PREFIX}\n{r['instruct_prompt'].strip()}\n"
+            prompt = f"{body}{RESPONSE_PREFIX}\n```python\n"
+        return Instance(prompt=prompt, reference=r["canonical_solution"],
+                        meta={"task_id": r["task_id"], "entry_point": r["entry_point"], "test": r["test"],
+                              "code_prompt": r["code_prompt"], "complete_prompt": r["complete_prompt"],
+                              "chat_prompt": body})
+
+    def canonical_key(self, instance: Instance) -> str:
+        return str(instance.meta["task_id"])
+
+    # ----------------------------------------------------------------- grading
+    def program(self, instance: Instance, completion: str) -> str:
+        """The program graded for ``completion``: the answer's code (its first fenced block; without an
+        opening fence, the text before a closing one, as after the raw ``instruct`` prompt's open fence)
+        when it defines ``entry_point``; a fenced body after ``code_prompt``; otherwise the completion
+        continues the raw ``complete`` prompt: ``complete_prompt + completion``."""
+        entry = instance.meta["entry_point"]
+        head = completion.split("```", 1)[0]
+        if head != completion and _defines(head, entry):  # the code, then the fence the prompt opened
+            return head
+        code = extract_code(completion)
+        fenced = code is not completion
+        if _defines(code, entry):
+            return code
+        if fenced:
+            return instance.meta["code_prompt"] + code
+        return instance.meta["complete_prompt"] + completion
+
+    def reference_program(self, instance: Instance) -> str:
+        """The canonical solution as the official ground-truth check assembles it."""
+        return instance.meta["complete_prompt"] + "\n" + instance.reference
+
+    def run(self, instance: Instance, completion: str) -> UnittestResult:
+        """The sandbox report of ``completion`` on the task's tests."""
+        return self.run_program(instance, self.program(instance, completion))
+
+    def run_program(self, instance: Instance, program: str) -> UnittestResult:
+        """The sandbox report of a complete ``program`` on the task's tests."""
+        return run_unittest(program, instance.meta["test"], env=self.env, timeout_s=self.timeout_s,
+                            memory_mb=self.memory_mb, unsafe_exec=self.unsafe_exec, isolation=self.isolation)
+
+    def score(self, instance: Instance, completion: str) -> float:
+        return float(self.run(instance, completion).passed)
+
+    def __repr__(self) -> str:
+        return (f"BigCodeBenchTask(path={str(self.path)!r}, split={self.split!r}, subset={self.subset!r}, "
+                f"n={self.eval_size}, env_missing={len(self.env_missing)})")
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)

@@ -1,0 +1,356 @@
+"""Run a benchmark's ``unittest`` module against a candidate program in one sandboxed process, with the
+libraries of a Python environment visible inside (BigCodeBench's way of testing).
+
+Why one process: BigCodeBench's tests call the candidate function in-process and patch what it uses
+(``unittest.mock.patch('requests.get')``, ``patch('os.listdir')``), so the plain-data boundary of
+:func:`~dlm_toolkit.tasks.sandbox.run_tests` cannot apply: candidate and tests share one interpreter,
+inside the bubblewrap sandbox (:class:`~dlm_toolkit.tasks.sandbox.process.SandboxProcess`, mode
+``script``).
+
+How the verdict travels (:func:`run_unittest`): our harness (trusted text, run before any candidate
+byte) moves the report pipe to a high, close-on-exec descriptor and closes the number it was passed as, silences ``sys.stdout``/``sys.stderr`` (as the official ``swallow_io``), executes
+``program + "\\n" + tests`` as module ``__test__``, runs its ``TestCases`` with a
+``unittest.TestResult`` and writes one JSON report to the pipe. The evaluator passes a task only if
+(1) exactly one well-formed report arrived and says every test ran without failure or error,
+(2) the harness returned normally (the runner echoes the per-run token only after it did) and
+(3) the process exited 0 within the time limit. So printing, ``sys.exit(0)``, ``os._exit(0)``,
+killing itself, a crash, a hang or a second report written into the pipe never pass.
+
+Threat model, honestly: candidate code runs in the tests' process, so a completion *written to
+attack this harness* can still forge a pass from inside (patch ``unittest``, or find the report
+descriptor through ``/proc/self/fd`` and stop the harness's own write). The official harness has the
+same exposure. What the sandbox guarantees holds regardless: nothing outside the process is reachable
+(bubblewrap), and the evaluator reads nothing back but the bounded report and capped output tails.
+
+:func:`library_env` finds the environment's library folders; under bubblewrap they are mounted
+read-only at their own paths and added with ``site.addsitedir`` (so ``.pth`` files work), provided
+the sandbox's interpreter has the same ``major.minor`` as the environment's (compiled extensions).
+:func:`probe_modules` asks the sandboxed interpreter which top-level modules it can find.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from .sandbox import sandbox_info
+from .sandbox.probe import others_can_reach, prefix_of
+from .sandbox.process import SandboxProcess, read_available
+from .sandbox.runner import _isolation
+
+__all__ = ["LibraryEnv", "UnittestResult", "library_env", "probe_modules", "run_unittest", "top_level_imports"]
+
+REPORT_LIMIT = 1 << 16
+HIGH_FD = 900  # where the harness moves the report pipe before any candidate code runs
+
+
+@dataclass(frozen=True)
+class LibraryEnv:
+    """A Python environment whose libraries the sandboxed code may import.
+
+    Attributes:
+        python: the environment's interpreter (run as is in process mode).
+        binds: its library folders, mounted read-only under bubblewrap.
+        problem: why its libraries are not visible under bubblewrap ('' when they are).
+    """
+
+    python: str
+    binds: tuple[str, ...] = ()
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class UnittestResult:
+    """Outcome of :func:`run_unittest`.
+
+    Attributes:
+        passed: every test ran, none failed or raised; see the module docstring for the conditions.
+        reason: why not ('' when passed): a timeout, the test module failing to load, the failing
+            tests with the end of their tracebacks, or the process ending before its report.
+        tests_run: tests the suite ran (0 if it never started).
+        failed: failing or erroring test name -> the end of its traceback.
+        timed_out: the wall-clock limit was hit and everything was killed.
+        returncode: the process's exit status (negative: killed by that signal).
+        stderr_tail: the process's own stderr (the harness silences the candidate's).
+        duration_s: wall-clock seconds.
+    """
+
+    passed: bool
+    reason: str
+    tests_run: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    timed_out: bool = False
+    returncode: int | None = None
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+
+
+_ENV_PROBE = ("import json, sys; print(json.dumps({'path': sys.path, 'version': list(sys.version_info[:2]), "
+              "'base': sys.base_prefix}))")
+
+
+def _interpreter_facts(python: str) -> dict:
+    out = subprocess.run([python, "-I", "-c", _ENV_PROBE], capture_output=True, text=True, timeout=60, check=True,
+                         stdin=subprocess.DEVNULL).stdout
+    return json.loads(out)
+
+
+@functools.lru_cache(maxsize=None)
+def library_env(python: str | None = None) -> LibraryEnv:
+    """The library folders of the environment of ``python`` (default: this interpreter's, i.e. the
+    virtual environment the toolkit runs in) as the sandbox can use them.
+
+    Folders under ``/usr`` or the sandboxed interpreter's own prefix are visible already; the others
+    (a venv's ``site-packages``) are bound. Nothing is bound when bubblewrap is not used (process
+    mode runs ``python`` itself), when the sandbox's interpreter differs in ``major.minor`` (then
+    ``problem`` says so and the tasks needing those libraries show up as missing), or for a folder
+    the sandbox's unprivileged uid cannot read.
+    """
+    exe = python or sys.executable
+    try:
+        facts = _interpreter_facts(exe)
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        return LibraryEnv(exe, (), f"cannot run {exe}: {err}")
+    info = sandbox_info(exe)
+    if info.bwrap is None or info.bwrap_python is None:
+        return LibraryEnv(exe)
+    inner = info.bwrap_python
+    inner_version = facts["version"] if os.path.realpath(inner) == os.path.realpath(exe) else \
+        _interpreter_facts(inner)["version"]
+    if inner_version != facts["version"]:
+        return LibraryEnv(exe, (), f"the sandbox runs {inner} (Python {'.'.join(map(str, inner_version))}), "
+                                   f"the environment is Python {'.'.join(map(str, facts['version']))}")
+    visible = ("/usr/", prefix_of(inner).rstrip("/") + "/")
+    binds, unreadable = [], []
+    stdlib = facts["base"].rstrip("/") + "/"  # the environment's own stdlib: the sandbox's interpreter has one
+    for entry in facts["path"]:
+        if not entry or not os.path.isdir(entry) or (entry.rstrip("/") + "/").startswith(visible):
+            continue
+        if (entry.rstrip("/") + "/").startswith(stdlib) and "-packages" not in entry:
+            continue
+        real = os.path.realpath(entry)
+        if real in binds:
+            continue
+        if os.geteuid() == 0 and not others_can_reach(real):  # the sandbox starts as a leased unprivileged uid
+            unreadable.append(real)
+            continue
+        binds.append(real)
+    problem = f"not readable by the sandbox's uid: {', '.join(unreadable)}" if unreadable else ""
+    return LibraryEnv(exe, tuple(binds), problem)
+
+
+# The trusted harness. It arrives as the script of a ``script``-mode sandbox run; everything before
+# the ``exec`` of the candidate's module is ours. ``_PAYLOAD`` is replaced by a JSON string literal.
+_HARNESS = r'''
+import fcntl as _fcntl, json as _json, os as _os, sys as _sys
+
+def _main():
+    payload = _json.loads(_PAYLOAD)
+    fd = _fcntl.fcntl(payload["report_fd"], _fcntl.F_DUPFD_CLOEXEC, %(high)d)
+    _os.close(payload["report_fd"])
+    _sys.argv[:] = ["__test__.py"]
+    import site
+    for folder in payload["binds"]:
+        site.addsitedir(folder)
+    write, dumps = _os.write, _json.dumps
+
+    def report(**fields):
+        write(fd, dumps(fields).encode())
+
+    if payload["mode"] == "probe":
+        import importlib.util
+        found = {}
+        for name in payload["modules"]:
+            try:
+                found[name] = importlib.util.find_spec(name) is not None
+            except Exception:
+                found[name] = False
+        report(found=found)
+        return
+    import builtins, time, types, unittest
+    home = _os.getcwd()  # the run's own folder
+    for name in ("mpl", "work"):
+        _os.mkdir(_os.path.join(home, name))
+    settings = {"TZ": "UTC", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "MPLBACKEND": "Agg", "MPLCONFIGDIR": _os.path.join(home, "mpl")}
+    _os.environ.update(settings)
+    time.tzset()
+    _os.chdir(_os.path.join(home, "work"))
+    sink = open(_os.devnull, "w")
+    _sys.stdout = _sys.stderr = sink
+    try:
+        code = compile(payload["program"] + "\n" + payload["tests"], "__test__.py", "exec")
+    except BaseException as exc:
+        report(status="fail", tests=0, failed={}, reason=f"the program does not compile: {type(exc).__name__}: {exc}")
+        return
+    module = types.ModuleType("__test__")
+    module.__dict__.update({"__builtins__": builtins, "__file__": "__test__.py", "__package__": None,
+                            "__doc__": None, "sys": _sys, "os": _os, "environ": _os.environ})
+    try:
+        exec(code, module.__dict__)
+        _sys.modules["__test__"] = module
+        cases = module.__dict__.get("TestCases")
+        if not (isinstance(cases, type) and issubclass(cases, unittest.TestCase)):
+            raise NameError("the test module defines no unittest.TestCase named TestCases")
+    except BaseException as exc:
+        report(status="fail", tests=0, failed={},
+               reason=f"the test module failed to load: {type(exc).__name__}: {str(exc)[:500]}")
+        return
+    result = unittest.TestResult()
+    try:
+        unittest.TestLoader().loadTestsFromTestCase(cases).run(result)
+    except BaseException as exc:
+        report(status="fail", tests=result.testsRun, failed={},
+               reason=f"the test run raised {type(exc).__name__}: {str(exc)[:500]}")
+        return
+    # bounded, so the whole report fits the pipe's buffer (the evaluator reads it after the exit)
+    names = sorted(test.id().split(".")[-1][:100] for test, _ in result.failures + result.errors)
+    traces = {test.id().split(".")[-1][:100]: trace for test, trace in result.failures + result.errors}
+    failed = {name: (traces[name][-600:] if i < 20 else "") for i, name in enumerate(names[:200])}
+    more = f" and {len(names) - 200} more" if len(names) > 200 else ""
+    report(status="fail" if names else "pass", tests=result.testsRun, failed=failed,
+           reason=("failed: " + ", ".join(names[:200]) + more) if names else "")
+
+_main()
+del _main
+''' % {"high": HIGH_FD}
+
+
+def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, unsafe_exec: bool,
+         max_processes: int, output_limit_bytes: int, isolation: str | None) -> tuple[dict | None, UnittestResult]:
+    """Start the harness on ``payload``; ``(its report or None, a result holding the process facts)``."""
+    if not timeout_s > 0 or not memory_mb > 0:
+        raise ValueError(f"timeout_s and memory_mb must be > 0 (got {timeout_s!r}, {memory_mb!r})")
+    info = sandbox_info(env.python)
+    boxed = _isolation(unsafe_exec, isolation, info)  # the sandbox's own rule: process mode needs unsafe_exec
+    token = os.urandom(16).hex().encode()
+    token_r, token_w = os.pipe()
+    result_r, result_w = os.pipe()
+    report_r, report_w = os.pipe()
+    payload = {**payload, "report_fd": report_w}  # the child keeps the number (pass_fds)
+    code = _HARNESS.replace("_json.loads(_PAYLOAD)", f"_json.loads({json.dumps(json.dumps(payload))})")
+    os.write(token_w, token)
+    os.close(token_w)
+    ours = [token_r, result_w, report_w]
+    try:
+        start = time.monotonic()
+        # No reliability guard: the benchmark's tasks delete files, set environment variables and start
+        # processes, as the official harness allows. The boundary is bubblewrap, or in process mode
+        # (unsafe_exec: a throw-away machine) the process limits and the leased uid.
+        with SandboxProcess(mode="script", files={"code": code},
+                            fds={"token_fd": token_r, "result_fd": result_w, "report_fd": report_w},
+                            boxed=boxed, info=info, exe=env.python, timeout_s=timeout_s, memory_mb=memory_mb,
+                            max_processes=max_processes, output_limit_bytes=output_limit_bytes, guard=False,
+                            ro_binds=env.binds if boxed else ()) as box:
+            for fd in ours:
+                os.close(fd)
+            ours = []
+            finished = box.wait(start + timeout_s)
+            returncode = box.stop()
+            duration = time.monotonic() - start
+            _, stderr = box.tails()
+        echoed = read_available(result_r, len(token) + 1) == token
+        raw = read_available(report_r, REPORT_LIMIT)
+    finally:
+        for fd in [*ours, result_r, report_r]:
+            os.close(fd)
+    facts = UnittestResult(passed=False, reason="", timed_out=not finished, returncode=returncode,
+                           stderr_tail=stderr, duration_s=duration)
+    if not finished:
+        return None, replace(facts, reason=f"timed out after {timeout_s:g} s")
+    try:
+        report = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        report = None
+    if not isinstance(report, dict):
+        why = ("more than one report, or a garbled one, reached the report channel" if raw else
+               f"the process ended (exit status {returncode}) before the tests reported")
+        return None, replace(facts, reason=why)
+    if not echoed or returncode != 0:
+        return None, replace(facts, reason=f"the process ended (exit status {returncode}) before the harness returned")
+    return report, facts
+
+
+def run_unittest(program: str, tests: str, *, env: LibraryEnv | None = None, timeout_s: float = 240.0,
+                 memory_mb: int = 30 * 1024, unsafe_exec: bool = False, max_processes: int = 64,
+                 output_limit_bytes: int = 16 << 20, isolation: str | None = None) -> UnittestResult:
+    """Run ``program + "\\n" + tests`` as module ``__test__`` and its ``TestCases`` in the sandbox.
+
+    Args:
+        program: the candidate program (BigCodeBench: the prompt's imports and the completed function).
+        tests: the benchmark's test module text, defining ``class TestCases(unittest.TestCase)``.
+        env: whose libraries the code imports (default :func:`library_env` of this interpreter).
+        timeout_s: wall-clock limit of the whole run (official BigCodeBench: 240 s per task).
+        memory_mb: address-space limit (official: 30 GiB).
+        unsafe_exec, isolation: as in :func:`~dlm_toolkit.tasks.sandbox.run_python`.
+        max_processes, output_limit_bytes: process count and largest file (captured output included).
+
+    Returns:
+        An :class:`UnittestResult`; never raises for anything the code does.
+
+    Raises:
+        SandboxUnavailable: bubblewrap is needed and cannot run here.
+        ValueError: a bad limit.
+    """
+    env = env or library_env()
+    payload = {"mode": "unittest", "program": program, "tests": tests, "binds": list(env.binds)}
+    report, facts = _run(payload, env=env, timeout_s=timeout_s, memory_mb=memory_mb, unsafe_exec=unsafe_exec,
+                         max_processes=max_processes, output_limit_bytes=output_limit_bytes, isolation=isolation)
+    if report is None:
+        return facts
+    failed = report.get("failed")
+    tests_run = report.get("tests")
+    if (report.get("status") not in ("pass", "fail") or not isinstance(failed, dict)
+            or not isinstance(tests_run, int) or not isinstance(report.get("reason"), str)):
+        return replace(facts, reason="the report does not follow the harness's format")
+    failed = {str(k): str(v) for k, v in failed.items()}
+    passed = report["status"] == "pass" and not failed
+    reason = "" if passed else report["reason"] or "failed"
+    if failed:
+        first = next(iter(sorted(failed)))
+        reason += f" ({first}: {failed[first].strip().splitlines()[-1][:300] if failed[first].strip() else ''})"
+    return replace(facts, passed=passed, reason=reason, tests_run=tests_run, failed=failed)
+
+
+def probe_modules(names: list[str] | tuple[str, ...], *, env: LibraryEnv | None = None, unsafe_exec: bool = False,
+                  isolation: str | None = None, timeout_s: float = 60.0) -> dict[str, bool]:
+    """Which of the top-level module ``names`` the sandboxed interpreter finds
+    (``importlib.util.find_spec``, nothing imported), with ``env``'s libraries visible as for
+    :func:`run_unittest`.
+
+    Raises:
+        RuntimeError: the probe itself did not report (the sandbox is broken here).
+    """
+    env = env or library_env()
+    payload = {"mode": "probe", "modules": sorted(set(names)), "binds": list(env.binds)}
+    report, facts = _run(payload, env=env, timeout_s=timeout_s, memory_mb=4096, unsafe_exec=unsafe_exec,
+                         max_processes=16, output_limit_bytes=1 << 20, isolation=isolation)
+    found = report.get("found") if report else None
+    if not isinstance(found, dict):
+        raise RuntimeError(f"the module probe in the sandbox failed: {facts.reason} {facts.stderr_tail[-300:]}")
+    return {name: found.get(name) is True for name in names}
+
+
+def top_level_imports(*sources: str) -> set[str]:
+    """Top-level names of the modules ``sources`` import (``import a.b`` -> ``a``; relative imports
+    skipped); a source that does not parse contributes nothing."""
+    import ast
+
+    names: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    names.discard("__future__")
+    return names
