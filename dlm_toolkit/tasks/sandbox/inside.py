@@ -1,8 +1,10 @@
 """The trusted runner every sandboxed interpreter starts with (never imported by the package).
 
-The harness runs ``python -I -B -c <protocol.py's source + this file below the marker> <config>``:
-the source travels on the command line, so nothing of the package has to be readable inside the
-sandbox. Everything before ``exec(...)`` of untrusted code is ours:
+The harness runs ``python -I -B -c <process.BOOTSTRAP>`` with stdin an in-memory file holding the
+config (one JSON line) and protocol.py's source + this file below the marker; the bootstrap reads
+it and puts ``/dev/null`` on stdin. So nothing of the package has to be readable inside the
+sandbox, and nothing of the config (pipe fd numbers) is on the world-readable command line.
+Everything before ``exec(...)`` of untrusted code is ours:
 
 1. read the code files named in the config (before any privilege is dropped);
 2. process mode as root: enter a new network namespace where the kernel allows it;
@@ -37,7 +39,8 @@ import resource  # noqa: E402
 import sys  # noqa: E402
 
 _exit, _read, _write = os._exit, os.read, os.write  # noqa: F821 -- os comes with protocol.py's source
-cfg = json.loads(sys.argv[1])  # noqa: F821
+cfg = json.loads(_CFG)  # noqa: F821 -- the config line the bootstrap read from stdin (process.BOOTSTRAP)
+del _CFG  # noqa: F821
 
 
 def print_exc():

@@ -62,8 +62,43 @@ def check_isolation(unsafe_exec: bool = False, info: SandboxInfo | None = None) 
     if info.bwrap is not None:
         return "bwrap"
     if unsafe_exec:
+        process_interpreter(None if info.python == sys.executable else info.python)
         return "process"
     raise SandboxUnavailable(no_bwrap_message(info))
+
+
+def process_interpreter(python: str | None = None) -> SandboxInfo:
+    """The :class:`SandboxInfo` of the interpreter process mode runs: ``python`` (default
+    ``sys.executable``) where the pool's uids can run it, else, when none was named,
+    ``/usr/bin/python3``.
+
+    Raises:
+        SandboxUnavailable: process mode cannot give the candidate and the test side two
+            unprivileged uids here (:func:`process_problem` says why).
+    """
+    info = sandbox_info(python or sys.executable)
+    if info.drops_privileges:
+        return info
+    if python is None and os.path.exists(SYSTEM_PYTHON):
+        system = sandbox_info(SYSTEM_PYTHON)
+        if system.drops_privileges:
+            return system
+    raise SandboxUnavailable(process_problem(info))
+
+
+def process_problem(info: SandboxInfo) -> str:
+    """One line: why process mode cannot run code here under two unprivileged uids, and what to do."""
+    head = ("refusing process mode (--unsafe-exec): the candidate and the test side must each run under an "
+            "unprivileged uid of their own")
+    fix = "install bubblewrap (apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return f"{head}, and only an evaluator running as root can switch uids; run as root or {fix}"
+    if not info.per_run_uid:
+        return (f"{head}, and no uid could be leased from the pool (see dlm_toolkit/tasks/sandbox/limits.py); "
+                f"free the pool or {fix}")
+    return (f"{head}, and those uids cannot read the interpreter {os.path.realpath(info.python)} (a folder on its "
+            f"path is closed to other users, e.g. a pyenv under /root) nor {SYSTEM_PYTHON}; install python3 under "
+            f"/usr, make the interpreter's folders world-readable, or {fix}")
 
 
 def no_bwrap_message(info: SandboxInfo) -> str:
@@ -72,12 +107,16 @@ def no_bwrap_message(info: SandboxInfo) -> str:
             "--unsafe-exec (task argument unsafe_exec: true) to run with process-level limits only")
 
 
-def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str]) -> list[str]:
+def bwrap_argv(info: SandboxInfo, env: dict[str, str], files: dict[str, int] | None = None,
+               tmp_bytes: int = 64 << 20, workdir_bytes: int = 64 << 20) -> list[str]:
     """The bubblewrap command line up to (not including) the interpreter.
 
     New user, PID, network, mount, IPC, UTS and cgroup namespaces; every capability dropped; an
-    empty tmpfs root holding ``/usr`` and the interpreter's prefix read-only, a private ``/tmp``
-    and ``workdir`` as ``/sandbox``; killed with its parent; a new session (no terminal)."""
+    empty tmpfs root holding ``/usr`` and the interpreter's prefix read-only; ``/tmp`` and the
+    working folder ``/sandbox`` are tmpfs mounts of ``tmp_bytes`` and ``workdir_bytes`` inside the
+    sandbox (nothing written there reaches the host, nothing is left when it ends); ``files``
+    maps paths inside to descriptors whose content bubblewrap copies there; killed with its
+    parent; a new session (no terminal)."""
     assert info.bwrap is not None and info.bwrap_python is not None
     argv = [info.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr"]
@@ -89,8 +128,11 @@ def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str]) -> list[st
     prefix = prefix_of(info.bwrap_python)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), "/sandbox",
-             "--chdir", "/sandbox", "--clearenv"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(tmp_bytes)), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(int(workdir_bytes)), "--perms", "0700", "--tmpfs", "/sandbox"]
+    for dest, fd in (files or {}).items():
+        argv += ["--file", str(fd), dest]
+    argv += ["--chdir", "/sandbox", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     return argv
@@ -153,21 +195,17 @@ def _probe_bwrap(exe: str, is_root: bool, pool: bool) -> tuple[str | None, str |
         python = SYSTEM_PYTHON
     info = SandboxInfo(python=exe, drops_privileges=False, nproc_limited=False, network_namespace=False,
                        bwrap=bwrap, bwrap_python=python)
-    probe_dir = Path(tempfile.mkdtemp(prefix="dlm-sandbox-probe-"))
     try:
         with ExitStack() as stack:
             kwargs: dict = {}
             if is_root:
                 uid = stack.enter_context(uid_lease())
-                os.chown(probe_dir, uid, uid)
                 kwargs = {"user": uid, "group": uid, "extra_groups": []}
-            argv = bwrap_argv(info, probe_dir, {"PATH": "/usr/bin:/bin"}) + [python, "-I", "-c", "print('ok')"]
+            argv = bwrap_argv(info, {"PATH": "/usr/bin:/bin"}) + [python, "-I", "-c", "print('ok')"]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                                   cwd="/", **kwargs)
     except (OSError, subprocess.SubprocessError, PoolUnavailable) as err:
         return None, None, f"bwrap could not start: {err}"
-    finally:
-        shutil.rmtree(probe_dir, ignore_errors=True)
     if done.returncode != 0 or done.stdout.strip() != "ok":
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return None, None, f"bwrap failed a trial run: {why}"

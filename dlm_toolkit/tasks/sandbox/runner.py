@@ -11,7 +11,8 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from .probe import SandboxInfo, SandboxUnavailable, check_isolation, no_bwrap_message, sandbox_info
+from .probe import (SandboxInfo, SandboxUnavailable, check_isolation, no_bwrap_message, process_interpreter,
+                    sandbox_info)
 from .process import SandboxProcess, read_available
 
 REPORT_LIMIT = 1 << 16
@@ -57,7 +58,11 @@ def _setup(timeout_s: float, memory_mb: int, python: str | None, unsafe_exec: bo
         raise ValueError(f"memory_mb must be > 0, got {memory_mb}")
     exe = python or sys.executable
     info = sandbox_info(exe)
-    return exe, info, _isolation(unsafe_exec, isolation, info)
+    boxed = _isolation(unsafe_exec, isolation, info)
+    if not boxed:  # two unprivileged uids or no run
+        info = process_interpreter(python)
+        exe = info.python
+    return exe, info, boxed
 
 
 def _isolation(unsafe_exec: bool, isolation: str | None, info: SandboxInfo) -> bool:
