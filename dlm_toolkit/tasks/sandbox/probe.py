@@ -39,6 +39,8 @@ class SandboxInfo:
         drops_privileges: process mode (``--unsafe-exec``) runs code under a leased uid, not root.
         nproc_limited: ``RLIMIT_NPROC`` is enforced (never for uid 0).
         network_namespace: process mode can move the code into an empty network namespace.
+        mount_namespace: process mode can give the code size-limited tmpfs mounts on ``/tmp`` and
+            its working folder in a mount namespace of its own (else the host's, bounded per file).
         per_run_uid: each sandboxed process gets a uid of its own (root only; see :mod:`.limits`).
         bwrap: the bubblewrap binary, when it works here.
         bwrap_python: the interpreter run inside bubblewrap.
@@ -53,6 +55,7 @@ class SandboxInfo:
     bwrap: str | None = None
     bwrap_python: str | None = None
     bwrap_problem: str = ""
+    mount_namespace: bool = False
 
 
 def check_isolation(unsafe_exec: bool = False, info: SandboxInfo | None = None) -> str:
@@ -170,6 +173,7 @@ def sandbox_info(python: str | None = None) -> SandboxInfo:
         drops_privileges=drops,
         nproc_limited=drops or not is_root,
         network_namespace=bool(probe and probe["netns"]),
+        mount_namespace=bool(probe and probe.get("mountns")),
         per_run_uid=pool,
         bwrap=bwrap,
         bwrap_python=bwrap_python,
@@ -225,7 +229,17 @@ if sys.argv[1] == "1":
             ok = ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0
     except Exception:
         ok = False
-print(json.dumps({"path": sys.path, "netns": ok}))
+mnt = False
+if sys.argv[1] == "1":
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        # a mount namespace of our own and a tmpfs in it (what process mode's runner does)
+        mnt = (libc.unshare(0x00020000) == 0 and libc.mount(b"none", b"/", None, 0x4000 | (1 << 18), None) == 0
+               and libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 6, b"size=1048576") == 0)
+    except Exception:
+        mnt = False
+print(json.dumps({"path": sys.path, "netns": ok, "mountns": mnt}))
 """
 
 

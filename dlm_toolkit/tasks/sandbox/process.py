@@ -135,6 +135,8 @@ class SandboxProcess:
             "uid": None if boxed else uid,  # bubblewrap itself starts as that uid
             "nproc": nproc,
             "netns": info.network_namespace and not boxed,
+            "mounts": [] if boxed or not info.mount_namespace else [
+                ["/tmp", int(tmp_mb) << 20, "1777"], [inside, int(workdir_mb) << 20, "0700"]],
             "guard": guard,
             **fds,
             **extra,
