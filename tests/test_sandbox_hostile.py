@@ -12,11 +12,17 @@ at the same time still scores 1.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import shutil
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -69,7 +75,8 @@ def _fifo_captures() -> str:
     )
 
 
-DEEP_TREE = (  # 5,000 nested folders, a FIFO, a symlink out, an unreadable folder and read-only files
+def _deep_tree(depth: int) -> str:  # nested folders, a FIFO, a symlink out, unreadable folders and files
+    return (
     "import posix\n"
     "posix.mkfifo('fifo')\n"
     "posix.symlink('/', 'root')\n"
@@ -78,13 +85,13 @@ DEEP_TREE = (  # 5,000 nested folders, a FIFO, a symlink out, an unreadable fold
     "posix.chmod('locked/f', 0)\n"
     "posix.chmod('locked', 0)\n"
     "here = posix.getcwd()\n"
-    "for i in range(5000):\n"
+    f"for i in range({depth}):\n"
     "    posix.mkdir('d')\n"
     "    posix.chdir('d')\n"
     "open('bottom', 'w').write('x')\n"
     "posix.chmod('.', 0o500)\n"
     "posix.chdir(here)\n"
-)
+    )
 
 # Finds the other sandboxed interpreters through /proc, opens each of their descriptors and writes
 # a passing report, padded to what the harness reads (what a shared uid allowed before).
@@ -153,7 +160,7 @@ def _rows(secret_path: str) -> dict[str, str]:
         "capture files symlinked to a root-only file": _symlink_captures(secret_path),
         "capture files symlinked to /dev/zero": _symlink_captures("/dev/zero"),
         "capture files replaced by FIFOs": _fifo_captures(),
-        "5000-deep tree, FIFO, symlink, unreadable folders": DEEP_TREE,
+        "5000-deep tree, FIFO, symlink, unreadable folders": _deep_tree(5000),
         "report forged through /proc/<pid>/fd": FORGE,
         "huge /tmp and working-folder writes": BIG_TMP,
         "fork bomb of memory": MEMORY_BOMB,
@@ -317,3 +324,104 @@ def test_remove_tree_removes_what_sandboxed_code_leaves(shape: str, tmp_path: Pa
     link.symlink_to(outside)
     remove_tree(link)  # a symlink in its place: the link goes, never what it points at
     assert not link.is_symlink() and (outside / "keep").exists() and stat.S_ISDIR(os.lstat(outside).st_mode)
+
+
+@pytest.fixture
+def without_mount_namespace(monkeypatch):
+    """Process mode on a machine whose kernel refuses it a mount namespace: a host folder it removes."""
+    from dlm_toolkit.tasks.sandbox import runner
+
+    real = runner.process_interpreter
+    monkeypatch.setattr(runner, "process_interpreter",
+                        lambda python=None: dataclasses.replace(real(python), mount_namespace=False))
+
+
+@pytest.mark.parametrize("row", ["5000-deep tree, FIFO, symlink, unreadable folders",
+                                 "capture files symlinked to a root-only file", "capture files replaced by FIFOs"])
+def test_process_mode_on_the_host_disk_removes_what_the_code_leaves(row: str, secret, private_tmp: Path,
+                                                                   without_mount_namespace) -> None:
+    if not _usable("process"):
+        return
+    path, token = secret
+    code = _rows(str(path))[row] if "deep" not in row else _deep_tree(1100)  # past the recursion limit;
+    # rmdir costs ~4 ms on this machine's disk: 5,000 levels (the tmpfs rows) would take 20 s here
+    res = _with_deadline(_run, "process", "import os\nprint('at', os.getcwd(), flush=True)\n" + code + WRONG)
+    assert not res.passed and res.reason and token not in repr(res)
+    assert f"at {private_tmp}/dlm-sandbox-" in res.candidate_stdout_tail  # it did run on the host folder
+    assert not list(private_tmp.iterdir())
+    assert _run("process", GOOD).passed
+
+
+EVALUATOR = """
+import os, sys, tempfile
+tempfile.tempdir = sys.argv[1]
+from dlm_toolkit.tasks.sandbox import run_tests
+kw = {"isolation": "process", "unsafe_exec": True} if sys.argv[2] == "process" else {}
+run_tests(f"import posix\\nposix.execv('/bin/sleep', [{os.environ['MARKER']!r}, '60'])\\n",
+          "assert add(1, 2) == 3\\n", "add", timeout_s=60.0, **kw)
+"""
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_an_evaluator_killed_mid_run_leaves_no_process_and_no_folder(mode: str, private_tmp: Path) -> None:
+    """SIGKILL: no handler of ours runs (SIGTERM's default action is the same). ~6 s: the evaluator imports."""
+    if not _usable(mode):
+        return
+    marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
+    evaluator = subprocess.Popen([sys.executable, "-c", EVALUATOR, str(private_tmp), mode],
+                                 env={**os.environ, "MARKER": marker})  # not on its command line: we look for it
+    try:
+        deadline = time.monotonic() + 30
+        while not _with_marker(marker):  # the candidate is running (as /bin/sleep)
+            assert evaluator.poll() is None and time.monotonic() < deadline, "the candidate never started"
+            time.sleep(0.05)
+        evaluator.kill()
+        evaluator.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _with_marker(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _with_marker(marker), "the candidate outlived its evaluator"
+        assert not list(private_tmp.iterdir())
+    finally:
+        if evaluator.poll() is None:
+            evaluator.kill()
+            evaluator.wait()
+        for pid in _with_marker(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _with_marker(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def test_process_mode_refuses_an_interpreter_the_pool_uids_cannot_read(tmp_path: Path) -> None:
+    """A pyenv under /root: its uids could not run it, so process mode says so rather than run as root."""
+    if not _usable("process"):
+        return
+    base = Path(tempfile.mkdtemp(prefix="interpreter-"))
+    base.chmod(0o755)
+    closed = base / "closed"
+    (closed / "bin").mkdir(parents=True)
+    python = closed / "bin" / "python3"
+    shutil.copy2(os.path.realpath("/usr/bin/python3"), python)
+    closed.chmod(0o700)  # root can run it; a pool uid cannot even reach it
+    with pytest.raises(SandboxUnavailable, match="cannot read the interpreter") as err:
+        run_tests(GOOD, TESTS, "add", python=str(python), **MODES["process"])
+    assert str(python) in str(err.value) and "\n" not in str(err.value)
+    closed.chmod(0o755)  # the near miss: readable by others, it runs under a leased uid
+    sandbox_info.cache_clear()
+    try:
+        res = run_tests(GOOD, TESTS, "add", python=str(python), **MODES["process"])
+        assert res.passed, res
+    finally:
+        sandbox_info.cache_clear()
+        remove_tree(base)

@@ -6,8 +6,9 @@ it and puts ``/dev/null`` on stdin. So nothing of the package has to be readable
 sandbox, and nothing of the config (pipe fd numbers) is on the world-readable command line.
 Everything before ``exec(...)`` of untrusted code is ours:
 
-1. read the code files named in the config (before any privilege is dropped);
-2. process mode as root: enter a new network namespace where the kernel allows it;
+1. process mode as root: enter a new network namespace where the kernel allows it, and a mount
+   namespace with size-limited tmpfs on ``/tmp`` and the working folder;
+2. write the code files (they came in the config) into the working folder;
 3. resource limits: ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (files and captured output),
    ``RLIMIT_CORE = 0``, ``RLIMIT_CPU`` (timeout + 1 s);
 4. process mode as root: drop to the run's own unprivileged uid (bubblewrap starts as it);
@@ -51,14 +52,7 @@ def print_exc():
     traceback.print_exc()
 
 
-try:
-    sources = {}
-    for _name, _path in cfg["paths"].items():
-        with open(_path, encoding="utf-8") as _f:
-            sources[_name] = _f.read()
-except BaseException:
-    print_exc()
-    _exit(3)
+sources = cfg.pop("sources")
 
 if cfg["netns"]:
     try:
@@ -86,15 +80,20 @@ if cfg.get("mounts"):
             if _libc.mount(b"tmpfs", _target.encode(), b"tmpfs", 2 | 4, f"size={_size},mode={_mode}".encode()) != 0:
                 raise OSError(ctypes.get_errno(), "mount tmpfs on " + _target)
         os.chdir(cfg["mounts"][-1][0])  # noqa: F821 -- the working folder is mounted last
-        for _name, _path in cfg["paths"].items():
-            with open(_path, "w", encoding="utf-8") as _f:
-                _f.write(sources[_name])
-            if cfg["uid"] is not None:
-                os.chown(_path, cfg["uid"], cfg["uid"])  # noqa: F821
         del _libc, _target, _size, _mode
     except BaseException:
         print_exc()
         _exit(3)
+
+try:  # the code files, for tracebacks and __file__ (the working folder is fresh and ours)
+    for _name, _path in cfg["paths"].items():
+        with open(_path, "x", encoding="utf-8") as _f:
+            _f.write(sources[_name])
+        if cfg["uid"] is not None:
+            os.chown(_path, cfg["uid"], cfg["uid"])  # noqa: F821
+except BaseException:
+    print_exc()
+    _exit(3)
 
 
 def _limit(which, value):
@@ -119,6 +118,15 @@ if cfg["uid"] is not None:
     os.setgroups([])  # noqa: F821
     os.setgid(cfg["uid"])  # noqa: F821
     os.setuid(cfg["uid"])  # noqa: F821
+    # process mode: die with the evaluator, however it ends (bubblewrap has --die-with-parent). The
+    # uid change clears this setting, so it comes after; a parent gone meanwhile ends the run here.
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except BaseException:
+        _exit(3)
+    if os.getppid() != cfg["parent"]:  # noqa: F821
+        _exit(3)
 if cfg["nproc"] is not None:
     _limit(resource.RLIMIT_NPROC, cfg["nproc"])
 

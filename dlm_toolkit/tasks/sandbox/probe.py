@@ -110,16 +110,15 @@ def no_bwrap_message(info: SandboxInfo) -> str:
             "--unsafe-exec (task argument unsafe_exec: true) to run with process-level limits only")
 
 
-def bwrap_argv(info: SandboxInfo, env: dict[str, str], files: dict[str, int] | None = None,
-               tmp_bytes: int = 64 << 20, workdir_bytes: int = 64 << 20) -> list[str]:
+def bwrap_argv(info: SandboxInfo, env: dict[str, str], tmp_bytes: int = 64 << 20,
+               workdir_bytes: int = 64 << 20) -> list[str]:
     """The bubblewrap command line up to (not including) the interpreter.
 
     New user, PID, network, mount, IPC, UTS and cgroup namespaces; every capability dropped; an
     empty tmpfs root holding ``/usr`` and the interpreter's prefix read-only; ``/tmp`` and the
     working folder ``/sandbox`` are tmpfs mounts of ``tmp_bytes`` and ``workdir_bytes`` inside the
-    sandbox (nothing written there reaches the host, nothing is left when it ends); ``files``
-    maps paths inside to descriptors whose content bubblewrap copies there; killed with its
-    parent; a new session (no terminal)."""
+    sandbox (nothing written there reaches the host, nothing is left when it ends); killed with
+    its parent; a new session (no terminal)."""
     assert info.bwrap is not None and info.bwrap_python is not None
     argv = [info.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr"]
@@ -133,8 +132,6 @@ def bwrap_argv(info: SandboxInfo, env: dict[str, str], files: dict[str, int] | N
         argv += ["--ro-bind", prefix, prefix]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(tmp_bytes)), "--perms", "1777", "--tmpfs", "/tmp",
              "--size", str(int(workdir_bytes)), "--perms", "0700", "--tmpfs", "/sandbox"]
-    for dest, fd in (files or {}).items():
-        argv += ["--file", str(fd), dest]
     argv += ["--chdir", "/sandbox", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]

@@ -13,11 +13,13 @@ harness keeps its own descriptor and reads at most the last ``4 * TAIL_CHARS`` b
 ``pread`` after checking with ``fstat`` that it is a regular file. The code may write, truncate or
 close its ends; it can never make the harness open a symlink, a FIFO or a device.
 
-Under bubblewrap the working folder ``/sandbox`` and ``/tmp`` are size-limited tmpfs mounts inside
-the sandbox's own mount namespace (the code files are copied in by bubblewrap from in-memory
-files), so nothing the code writes lands on the host and nothing is left when the namespace dies,
-whatever signal ends the run. Process mode has a host folder; :func:`remove_tree` removes it
-whatever it holds.
+The code files travel in the config too. Under bubblewrap the working folder ``/sandbox`` and
+``/tmp`` are size-limited tmpfs mounts inside the sandbox's own mount namespace; in process mode
+as root, where the kernel allows a mount namespace (:attr:`.SandboxInfo.mount_namespace`), the
+runner mounts the same two (``/tmp`` and ``/tmp/sandbox``) before dropping privileges. Either
+way nothing the code writes lands on the host, and nothing is left when its last process dies,
+whatever signal ends the run. Otherwise process mode has a host folder, which
+:func:`remove_tree` removes whatever it holds.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .limits import kill_uid, uid_lease
 from .probe import SandboxInfo, SandboxUnavailable, bwrap_argv, process_problem
 
 TAIL_CHARS = 4000
+PRIVATE_WORKDIR = "/tmp/sandbox"  # process mode's working folder, a tmpfs inside its private /tmp
 _MARKER = "# ---- the sandbox runs what follows, after protocol.py's source ----"
 
 # Reads the config line and the runner's source from stdin, then puts /dev/null there: the
@@ -83,7 +86,8 @@ class SandboxProcess:
 
     Args:
         mode: ``script``, ``candidate`` or ``tests`` (see ``inside.py``).
-        files: code files by role (``code``, ``solution``, ``tests``): ``<role>.py`` in the working folder.
+        files: code files by role (``code``, ``solution``, ``tests``): they travel in the config and the
+            runner writes them to ``<role>.py`` in its working folder.
         fds: pipe ends the child keeps, by config key (``token_fd``, ``requests_fd``, ...).
         boxed: under bubblewrap (else process mode, which needs root and a leased uid).
         info: this machine's :class:`~.probe.SandboxInfo`.
@@ -119,7 +123,8 @@ class SandboxProcess:
             raise SandboxUnavailable(process_problem(info))
         if not boxed and not info.drops_privileges:
             raise SandboxUnavailable(process_problem(info))
-        inside = "/sandbox" if boxed else self._workdir(files)
+        private = boxed or info.mount_namespace  # /tmp and the working folder are tmpfs of the run's own
+        inside = "/sandbox" if boxed else PRIVATE_WORKDIR if private else self._workdir()
         paths = {name: f"{inside}/{name}.py" for name in files}
         if uid is not None:
             nproc: int | None = max_processes  # a fresh uid: the run's processes are all it has
@@ -129,13 +134,15 @@ class SandboxProcess:
         cfg = {
             "mode": mode,
             "paths": paths,
+            "sources": files,
             "memory_bytes": int(memory_mb) << 20,
             "fsize_bytes": int(output_limit_bytes),
             "cpu_s": int(timeout_s) + 1,
             "uid": None if boxed else uid,  # bubblewrap itself starts as that uid
+            "parent": os.getpid(),
             "nproc": nproc,
             "netns": info.network_namespace and not boxed,
-            "mounts": [] if boxed or not info.mount_namespace else [
+            "mounts": [] if boxed or not private else [
                 ["/tmp", int(tmp_mb) << 20, "1777"], [inside, int(workdir_mb) << 20, "0700"]],
             "guard": guard,
             **fds,
@@ -146,7 +153,7 @@ class SandboxProcess:
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "HOME": inside,
-            "TMPDIR": "/tmp" if boxed else inside,
+            "TMPDIR": "/tmp" if private else inside,
         }
         blob = json.dumps(cfg).encode() + b"\n" + runner_source().encode("utf-8")
         opened: list[int] = []
@@ -155,34 +162,23 @@ class SandboxProcess:
             self._out, self._err = memfd("stdout"), memfd("stderr")
             argv = [info.bwrap_python if boxed else exe, "-I", "-B", "-c", BOOTSTRAP]
             popen: dict = {}
-            pass_fds = list(fds.values())
             if boxed:
-                copies = {}
-                for name, text in files.items():
-                    opened.append(fd := memfd(name, text.encode("utf-8")))
-                    copies[paths[name]] = fd
-                pass_fds += list(copies.values())
-                argv = bwrap_argv(info, env, files=copies, tmp_bytes=int(tmp_mb) << 20,
-                                  workdir_bytes=int(workdir_mb) << 20) + argv
+                argv = bwrap_argv(info, env, tmp_bytes=int(tmp_mb) << 20, workdir_bytes=int(workdir_mb) << 20) + argv
                 if uid is not None:
                     popen = {"user": uid, "group": uid, "extra_groups": []}
-            self.proc = subprocess.Popen(argv, cwd="/" if boxed else inside, stdin=stdin, stdout=self._out,
+            self.proc = subprocess.Popen(argv, cwd="/" if private else inside, stdin=stdin, stdout=self._out,
                                          stderr=self._err, env=env, start_new_session=True, close_fds=True,
-                                         pass_fds=tuple(pass_fds), **popen)
+                                         pass_fds=tuple(fds.values()), **popen)
         finally:
             for fd in opened:
                 os.close(fd)
 
-    def _workdir(self, files: dict[str, str]) -> str:
-        """Process mode: a fresh root-only folder holding the code files (the runner hands it to the
-        run's uid before dropping to it), removed when the run ends whatever it holds then."""
+    def _workdir(self) -> str:
+        """Process mode without a mount namespace: a fresh root-only folder on the host (the runner
+        writes the code files and hands it to the run's uid), removed when the run ends whatever it
+        holds then."""
         workdir = tempfile.mkdtemp(prefix="dlm-sandbox-")
         self._stack.callback(self._remove_workdir, workdir)  # before the lease ends (LIFO)
-        for name, text in files.items():
-            fd = os.open(os.path.join(workdir, f"{name}.py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                         0o644)
-            with open(fd, "w", encoding="utf-8") as f:
-                f.write(text)
         return workdir
 
     def _remove_workdir(self, workdir: str) -> None:
