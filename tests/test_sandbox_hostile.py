@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm_toolkit.tasks.sandbox import SandboxUnavailable, run_tests, sandbox_info
+from dlm_toolkit.tasks.sandbox import SandboxUnavailable, run_python, run_tests, sandbox_info
 from dlm_toolkit.tasks.sandbox.limits import POOL_FIRST, POOL_SIZE, tasks_of
 from dlm_toolkit.tasks.sandbox.process import remove_tree
 from dlm_toolkit.tasks.sandbox.runner import REPORT_LIMIT
@@ -425,3 +425,34 @@ def test_process_mode_refuses_an_interpreter_the_pool_uids_cannot_read(tmp_path:
     finally:
         sandbox_info.cache_clear()
         remove_tree(base)
+
+
+FILL = (  # 256 KiB files into FOLDER until refused; prints how many bytes went in
+    "written = 0\n"
+    "for i in range(64):\n"
+    "    try:\n"
+    "        with open(FOLDER + '/f' + str(i), 'wb') as f:\n"
+    "            f.write(b'x' * (256 << 10))\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    written += 256 << 10\n"
+    "print('written', written)\n"
+)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("folder", ["/tmp", "."])
+def test_tmp_and_working_folder_sizes_are_the_ones_asked_for(mode: str, folder: str) -> None:
+    """2 MiB holds at most 8 files of 256 KiB (fewer: tmpfs keeps some for itself); 3 MiB, the near
+    miss, holds more than 2 MiB."""
+    if not _usable(mode) or (mode == "process" and not sandbox_info("/usr/bin/python3").mount_namespace):
+        return
+    key = "tmp_mb" if folder == "/tmp" else "workdir_mb"
+    code = f"FOLDER = {folder!r}\n" + FILL
+    small = run_python(code, **{key: 2}, **MODES[mode])
+    larger = run_python(code, **{key: 3}, **MODES[mode])
+    assert small.passed and larger.passed, (small, larger)
+    small_n, larger_n = _fields(small.stdout_tail)["written"], _fields(larger.stdout_tail)["written"]
+    assert (1 << 20) < small_n <= 2 << 20 < larger_n <= 3 << 20, (small_n, larger_n)
+    with pytest.raises(ValueError, match="tmp_mb must be a positive integer"):
+        run_python("x = 1\n", tmp_mb=0)
