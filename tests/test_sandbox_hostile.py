@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.tasks.sandbox import SandboxUnavailable, run_python, run_tests, sandbox_info
-from dlm_toolkit.tasks.sandbox.limits import POOL_FIRST, POOL_SIZE, tasks_of
+from dlm_toolkit.tasks.sandbox.cgroup import cgroup_base
+from dlm_toolkit.tasks.sandbox.limits import POOL_FIRST, POOL_SIZE, leased, tasks_of
 from dlm_toolkit.tasks.sandbox.process import remove_tree
 from dlm_toolkit.tasks.sandbox.runner import REPORT_LIMIT
 
@@ -137,18 +138,21 @@ BIG_TMP = (  # 1 MiB files (the per-file limit) into /tmp and the working folder
     "print('tmp', fill('/tmp'), 'work', fill('.'), flush=True)\n"
 )
 
-MEMORY_BOMB = (  # children that each take nearly the per-process limit, as many as it may fork
+MEMORY_BOMB = (  # children that each take and touch 100 MiB, as many as it may fork; how many are alive then
     "import posix, time\n"
-    "n = 0\n"
+    "pids = []\n"
     "for _ in range(16):\n"
     "    r, w = posix.pipe()\n"
     "    try:\n        pid = posix.fork()\n    except OSError:\n        break\n"
     "    if pid == 0:\n"
-    "        try:\n            x = bytearray(100 << 20)\n            posix.write(w, b'1')\n"
+    "        try:\n            x = bytearray(100 << 20)\n            x[::4096] = b'1' * len(x[::4096])\n"
+    "            posix.write(w, b'1')\n"
     "        except MemoryError:\n            posix.write(w, b'0')\n"
     "        time.sleep(30)\n        posix._exit(0)\n"
-    "    n += posix.read(r, 1) == b'1'\n"
-    "print('children holding mib', n, flush=True)\n"
+    "    posix.close(w)\n"
+    "    if posix.read(r, 1) == b'1':\n        pids.append(pid)\n"
+    "alive = sum(posix.waitpid(pid, posix.WNOHANG) == (0, 0) for pid in pids)\n"
+    "print('held', len(pids), 'alive', alive, flush=True)\n"
 )
 
 
@@ -244,8 +248,11 @@ def test_a_hostile_candidate_scores_zero_leaks_nothing_and_leaves_nothing(row: s
         assert out["seen"] >= (1 if mode == "process" else 0), out  # process mode: the test side is in plain sight
     elif row == "huge /tmp and working-folder writes" and (mode == "bwrap" or sandbox_info().mount_namespace):
         assert 0 < out["tmp"] <= 64 << 20 and 0 < out["work"] <= 64 << 20, out
-    elif row == "fork bomb of memory":  # RLIMIT_NPROC x RLIMIT_AS: 16 processes of 256 MiB at most
-        assert out["mib"] < 16, out
+    elif row == "fork bomb of memory":
+        if ROOT and cgroup_base() is not None:  # one memory cgroup per side: 256 + 64 + 64 + 2 MiB together
+            assert out["alive"] * 100 <= 256 + 64 + 64 + 2, out
+        else:  # the documented fallback: RLIMIT_NPROC x RLIMIT_AS, 16 processes of 256 MiB at most
+            assert out["held"] < 16, out
     elif row.startswith("capture files symlinked"):  # its own output still comes back
         assert "x" * 100 in bad.candidate_stdout_tail
 
@@ -382,6 +389,15 @@ def test_an_evaluator_killed_mid_run_leaves_no_process_and_no_folder(mode: str, 
             time.sleep(0.05)
         assert not _with_marker(marker), "the candidate outlived its evaluator"
         assert not list(private_tmp.iterdir())
+        base = cgroup_base()
+        if base is not None:  # its two memory groups stay until the next evaluator starts, which sweeps them
+            left = set(base.path.glob("dlm-sandbox-*"))
+            cgroup_base.cache_clear()
+            try:
+                assert cgroup_base() == base
+                assert not [g for g in left if g.exists() and not leased(int(g.name.rpartition("-")[2]))]
+            finally:
+                cgroup_base.cache_clear()
     finally:
         if evaluator.poll() is None:
             evaluator.kill()
@@ -456,3 +472,40 @@ def test_tmp_and_working_folder_sizes_are_the_ones_asked_for(mode: str, folder: 
     assert (1 << 20) < small_n <= 2 << 20 < larger_n <= 3 << 20, (small_n, larger_n)
     with pytest.raises(ValueError, match="tmp_mb must be a positive integer"):
         run_python("x = 1\n", tmp_mb=0)
+
+
+CHILDREN = (  # six children of 64 MiB each, touched; how many are alive once all were started
+    "import os, time\n"
+    "pids = []\n"
+    "for _ in range(6):\n"
+    "    r, w = os.pipe()\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        x = bytearray(64 << 20)\n"
+    "        x[::4096] = b'1' * len(x[::4096])\n"
+    "        os.write(w, b'1')\n"
+    "        time.sleep(30)\n"
+    "        os._exit(0)\n"
+    "    os.close(w)\n"
+    "    os.read(r, 1)\n"
+    "    pids.append(pid)\n"
+    "print('alive', sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_memory_of_all_processes_of_a_run_together_is_bounded(mode: str) -> None:
+    """With a memory cgroup (root, a writable controller): memory_mb + tmp_mb + workdir_mb + twice
+    the output limit for all processes together, so of six 64 MiB children at most two live under
+    128 + 1 + 1 + 2 MiB, and all six under 512 MiB (the near miss). Without one: the documented
+    per-process bound only (all six live)."""
+    if not _usable(mode):
+        return
+    kw = dict(guard=False, tmp_mb=1, workdir_mb=1, max_processes=16, timeout_s=20.0, **MODES[mode])
+    tight = run_python(CHILDREN, memory_mb=128, **kw)
+    roomy = run_python(CHILDREN, memory_mb=512, **kw)
+    assert roomy.passed and _fields(roomy.stdout_tail)["alive"] == 6, roomy
+    if ROOT and cgroup_base() is not None:
+        assert tight.passed and _fields(tight.stdout_tail)["alive"] * 64 <= 128 + 1 + 1 + 2, tight  # 2 at most
+    else:
+        assert tight.passed and _fields(tight.stdout_tail)["alive"] == 6, tight

@@ -65,6 +65,14 @@ if cfg["netns"]:
         pass
 
 
+if cfg.get("cgroup_procs"):  # process mode: into the run's memory cgroup while still root (cgroup.py)
+    try:
+        with open(cfg["cgroup_procs"], "w") as _f:
+            _f.write(str(os.getpid()))  # noqa: F821
+    except BaseException:
+        print_exc()
+        _exit(3)
+
 if cfg.get("mounts"):
     # Process mode as root: a mount namespace of our own with size-limited tmpfs on /tmp and on the
     # working folder, so what the code writes never reaches the host's disk or /tmp and vanishes

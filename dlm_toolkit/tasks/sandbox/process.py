@@ -37,6 +37,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from .cgroup import run_cgroup
 from .limits import kill_uid, uid_lease
 from .probe import SandboxInfo, SandboxUnavailable, bwrap_argv, process_problem
 
@@ -117,8 +118,10 @@ class SandboxProcess:
         if os.geteuid() == 0:
             uid: int | None = self._stack.enter_context(uid_lease())
             self._uid = uid
+            total = ((int(memory_mb) + int(tmp_mb) + int(workdir_mb)) << 20) + 2 * int(output_limit_bytes)
+            procs = self._stack.enter_context(run_cgroup(f"dlm-sandbox-{uid}", total))
         elif boxed:
-            uid = None  # bubblewrap's user namespace; the run shares this user's process budget
+            uid = procs = None  # bubblewrap's user namespace; the run shares this user's process budget
         else:
             raise SandboxUnavailable(process_problem(info))
         if not boxed and not info.drops_privileges:
@@ -140,6 +143,7 @@ class SandboxProcess:
             "cpu_s": int(timeout_s) + 1,
             "uid": None if boxed else uid,  # bubblewrap itself starts as that uid
             "parent": os.getpid(),
+            "cgroup_procs": None if boxed else procs,  # bubblewrap is moved in by us, through the gate
             "nproc": nproc,
             "netns": info.network_namespace and not boxed,
             "mounts": [] if boxed or not private else [
@@ -162,13 +166,29 @@ class SandboxProcess:
             self._out, self._err = memfd("stdout"), memfd("stderr")
             argv = [info.bwrap_python if boxed else exe, "-I", "-B", "-c", BOOTSTRAP]
             popen: dict = {}
+            pass_fds = list(fds.values())
+            gate = -1
             if boxed:
                 argv = bwrap_argv(info, env, tmp_bytes=int(tmp_mb) << 20, workdir_bytes=int(workdir_mb) << 20) + argv
                 if uid is not None:
                     popen = {"user": uid, "group": uid, "extra_groups": []}
+                if procs is not None:  # wait on stdin until we moved the shell into the group, then exec bubblewrap
+                    gate_r, gate = os.pipe()
+                    opened += [gate_r, gate]
+                    pass_fds.append(stdin)
+                    argv = ["/bin/sh", "-c", f'read go && exec "$@" </dev/fd/{stdin}', "sh", *argv]
+                    stdin = gate_r
             self.proc = subprocess.Popen(argv, cwd="/" if private else inside, stdin=stdin, stdout=self._out,
                                          stderr=self._err, env=env, start_new_session=True, close_fds=True,
-                                         pass_fds=tuple(fds.values()), **popen)
+                                         pass_fds=tuple(pass_fds), **popen)
+            if gate >= 0:
+                try:
+                    with open(procs, "w") as f:
+                        f.write(str(self.proc.pid))
+                except OSError as err:
+                    raise SandboxUnavailable(f"could not move the sandbox into its memory cgroup {procs}: "
+                                             f"{err.strerror}") from None
+                os.write(gate, b"go\n")
         finally:
             for fd in opened:
                 os.close(fd)
