@@ -277,8 +277,10 @@ def test_no_fd_number_or_config_on_a_readable_command_line_or_environment() -> N
     probe = (
         "import posix\n"
         "seen = []\n"
-        "for pid in posix.listdir('/proc'):\n"
-        "    try:\n        seen.append(open(f'/proc/{pid}/cmdline', 'rb').read())\n    except OSError:\n        pass\n"
+        "for pid in posix.listdir('/proc'):\n"  # the sandboxed interpreters (other code on the machine aside)
+        "    try:\n        cmdline = open(f'/proc/{pid}/cmdline', 'rb').read()\n    except OSError:\n        continue\n"
+        "    if b'dlm-sandbox-runner' not in cmdline:\n        continue\n"
+        "    seen.append(cmdline)\n"
         "    try:\n        seen.append(open(f'/proc/{pid}/environ', 'rb').read())\n    except OSError:\n        pass\n"
         "blob = b'|'.join(seen)\n"
         "print('runner' if b'dlm-sandbox-runner' in blob else 'none', 'fd' if b'_fd' in blob else 'clean',\n"
