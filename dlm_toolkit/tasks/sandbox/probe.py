@@ -14,7 +14,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path

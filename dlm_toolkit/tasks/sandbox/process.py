@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from .cgroup import run_cgroup
-from .limits import kill_uid, uid_lease
+from .limits import count_tasks, kill_uid, uid_lease
 from .probe import SandboxInfo, SandboxUnavailable, bwrap_argv, process_problem
 
 TAIL_CHARS = 4000
@@ -119,7 +119,7 @@ class SandboxProcess:
             uid: int | None = self._stack.enter_context(uid_lease())
             self._uid = uid
             total = ((int(memory_mb) + int(tmp_mb) + int(workdir_mb)) << 20) + 2 * int(output_limit_bytes)
-            procs = self._stack.enter_context(run_cgroup(f"dlm-sandbox-{uid}", total))
+            procs: str | None = self._stack.enter_context(run_cgroup(f"dlm-sandbox-{uid}", total))
         elif boxed:
             uid = procs = None  # bubblewrap's user namespace; the run shares this user's process budget
         else:
@@ -132,7 +132,6 @@ class SandboxProcess:
         if uid is not None:
             nproc: int | None = max_processes  # a fresh uid: the run's processes are all it has
         else:
-            from .limits import count_tasks
             nproc = max_processes + count_tasks(os.getuid())  # shared with everything else of this user
         cfg = {
             "mode": mode,
