@@ -511,3 +511,17 @@ def test_memory_of_all_processes_of_a_run_together_is_bounded(mode: str) -> None
         assert tight.passed and _fields(tight.stdout_tail)["alive"] * 64 <= 128 + 1 + 1 + 2, tight  # 2 at most
     else:
         assert tight.passed and _fields(tight.stdout_tail)["alive"] == 6, tight
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_large_test_files_do_not_count_against_the_working_folder(mode: str) -> None:
+    """A 3 MiB test file (LiveCodeBench-sized inputs) under workdir_mb=1: the folder holds the code
+    files on top of the code's 1 MiB; the code itself still gets no more than that."""
+    if not _usable(mode):
+        return
+    big = "DATA = " + repr("x" * (3 << 20)) + "\n" + TESTS
+    res = run_tests(GOOD, big, "add", workdir_mb=1, **MODES[mode])
+    assert res.passed, res
+    if mode == "bwrap" or sandbox_info("/usr/bin/python3").mount_namespace:
+        fill = run_tests("FOLDER = '.'\n" + FILL + GOOD, big, "add", workdir_mb=1, **MODES[mode])
+        assert fill.passed and 0 < _fields(fill.candidate_stdout_tail)["written"] <= 1 << 20, fill

@@ -93,7 +93,8 @@ class SandboxProcess:
         boxed: under bubblewrap (else process mode, which needs root and a leased uid).
         info: this machine's :class:`~.probe.SandboxInfo`.
         exe: the interpreter in process mode.
-        tmp_mb, workdir_mb: sizes of the ``/tmp`` and ``/sandbox`` tmpfs (bubblewrap).
+        tmp_mb, workdir_mb: sizes of the ``/tmp`` and working-folder tmpfs; the working folder gets
+            the code files' size on top (large test files do not eat the code's share).
         extra: more runner config (``entry_point``).
     """
 
@@ -115,10 +116,12 @@ class SandboxProcess:
     def _start(self, mode: str, files: dict[str, str], fds: dict[str, int], boxed: bool, info: SandboxInfo,
                exe: str, timeout_s: float, memory_mb: int, max_processes: int, output_limit_bytes: int,
                guard: bool, extra: dict, tmp_mb: int, workdir_mb: int) -> None:
+        tmp_bytes = int(tmp_mb) << 20
+        workdir_bytes = (int(workdir_mb) << 20) + sum(len(text.encode("utf-8")) for text in files.values())
         if os.geteuid() == 0:
             uid: int | None = self._stack.enter_context(uid_lease())
             self._uid = uid
-            total = ((int(memory_mb) + int(tmp_mb) + int(workdir_mb)) << 20) + 2 * int(output_limit_bytes)
+            total = (int(memory_mb) << 20) + tmp_bytes + workdir_bytes + 2 * int(output_limit_bytes)
             procs: str | None = self._stack.enter_context(run_cgroup(f"dlm-sandbox-{uid}", total))
         elif boxed:
             uid = procs = None  # bubblewrap's user namespace; the run shares this user's process budget
@@ -146,7 +149,7 @@ class SandboxProcess:
             "nproc": nproc,
             "netns": info.network_namespace and not boxed,
             "mounts": [] if boxed or not private else [
-                ["/tmp", int(tmp_mb) << 20, "1777"], [inside, int(workdir_mb) << 20, "0700"]],
+                ["/tmp", tmp_bytes, "1777"], [inside, workdir_bytes, "0700"]],
             "guard": guard,
             **fds,
             **extra,
@@ -168,7 +171,7 @@ class SandboxProcess:
             pass_fds = list(fds.values())
             gate = -1
             if boxed:
-                argv = bwrap_argv(info, env, tmp_bytes=int(tmp_mb) << 20, workdir_bytes=int(workdir_mb) << 20) + argv
+                argv = bwrap_argv(info, env, tmp_bytes=tmp_bytes, workdir_bytes=workdir_bytes) + argv
                 if uid is not None:
                     popen = {"user": uid, "group": uid, "extra_groups": []}
                 if procs is not None:  # wait on stdin until we moved the shell into the group, then exec bubblewrap
