@@ -525,3 +525,21 @@ def test_large_test_files_do_not_count_against_the_working_folder(mode: str) -> 
     if mode == "bwrap" or sandbox_info("/usr/bin/python3").mount_namespace:
         fill = run_tests("FOLDER = '.'\n" + FILL + GOOD, big, "add", workdir_mb=1, **MODES[mode])
         assert fill.passed and 0 < _fields(fill.candidate_stdout_tail)["written"] <= 1 << 20, fill
+
+
+def test_process_mode_without_root_refuses_in_one_line(monkeypatch) -> None:
+    """One uid for both sides (a non-root evaluator) is refused where the process is started, even
+    with a probe that said otherwise; bubblewrap, the near miss, still runs (its own user namespace)."""
+    if not ROOT:
+        _usable("process")  # the real thing: refused
+        return
+    sandbox_info("/usr/bin/python3")  # probed as root (cached): the start itself must refuse
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    try:
+        with pytest.raises(SandboxUnavailable, match="only an evaluator running as root") as err:
+            run_tests(GOOD, TESTS, "add", **MODES["process"])
+        assert "\n" not in str(err.value) and "apt-get install bubblewrap" in str(err.value)
+    finally:
+        monkeypatch.undo()
+        sandbox_info.cache_clear()  # nothing probed under the fake uid may stay
+    assert _run("process", GOOD).passed
