@@ -151,6 +151,7 @@ MEMORY_BOMB = (  # children that each take and touch 100 MiB, as many as it may 
     "        time.sleep(30)\n        posix._exit(0)\n"
     "    posix.close(w)\n"
     "    if posix.read(r, 1) == b'1':\n        pids.append(pid)\n"
+    "time.sleep(0.5)\n"  # a child the OOM killer chose may take a moment to die
     "alive = sum(posix.waitpid(pid, posix.WNOHANG) == (0, 0) for pid in pids)\n"
     "print('held', len(pids), 'alive', alive, flush=True)\n"
 )
@@ -491,6 +492,7 @@ CHILDREN = (  # six children of 64 MiB each, touched; how many are alive once al
     "    os.close(w)\n"
     "    os.read(r, 1)\n"
     "    pids.append(pid)\n"
+    "time.sleep(0.5)\n"  # a child the OOM killer chose may take a moment to die
     "print('alive', sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids), flush=True)\n"
 )
 

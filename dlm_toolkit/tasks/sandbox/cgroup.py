@@ -96,18 +96,14 @@ def cgroup_base() -> CgroupBase | None:
 
 
 def _swept(base: CgroupBase) -> CgroupBase:
-    """``base`` after removing the groups an evaluator killed mid-run left (once per process): a
-    group whose uid no one leases is empty and unused (a group still holding a process refuses
-    ``rmdir``)."""
+    """``base`` after removing the groups an evaluator killed mid-run left (once per process): no
+    one leases their uid, so what still runs in them is that dead run's."""
     from .limits import leased
 
     for group in base.path.glob("dlm-sandbox-*"):
         uid = group.name.rpartition("-")[2]
         if uid.isdigit() and not leased(int(uid)):
-            try:
-                group.rmdir()
-            except OSError:
-                pass
+            _remove(group)  # what is still in it is the dead run's (dying with its evaluator)
     return base
 
 
