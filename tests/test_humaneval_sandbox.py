@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.tasks import HumanEvalTask, Instance, get_task
-from dlm_toolkit.tasks.sandbox import run_python, sandbox_info
+from dlm_toolkit.tasks.sandbox import SandboxUnavailable, run_python, sandbox_info
 from dlm_toolkit.tasks.sandbox.limits import POOL_FIRST, POOL_SIZE
 
 
@@ -299,13 +299,14 @@ def test_environment_stdin_tmpdir_and_output_cap() -> None:
 
 def test_privileges_match_reported_isolation() -> None:
     info = sandbox_info()
-    res = run_python("import os\nprint(os.getuid())\n", **PROCESS)
-    assert res.passed
-    uid = int(res.stdout_tail)
-    if info.drops_privileges:
-        assert uid != 0 and os.geteuid() == 0
-    else:
-        assert uid == os.geteuid()
+    if os.geteuid() == 0:  # process mode: a leased uid, never root, never the evaluator's
+        res = run_python("import os\nprint(os.getuid(), os.geteuid())\n", **PROCESS)
+        assert res.passed, res.stderr_tail
+        uid, euid = map(int, res.stdout_tail.split())
+        assert uid == euid and POOL_FIRST <= uid < POOL_FIRST + POOL_SIZE
+    else:  # one uid for both sides: process mode refuses
+        with pytest.raises(SandboxUnavailable, match="root"):
+            run_python("x = 1\n", **PROCESS)
     boxed = run_python("import os\nprint(os.getuid())\n")
     assert boxed.passed
     if os.geteuid() == 0:

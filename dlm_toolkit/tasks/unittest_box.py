@@ -221,6 +221,9 @@ del _main
 ''' % {"high": HIGH_FD}
 
 
+TMPFS_MB = 512  # size of the run's /tmp and of its working folder, each (tmpfs in the sandbox)
+
+
 def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, unsafe_exec: bool,
          max_processes: int, output_limit_bytes: int, isolation: str | None) -> tuple[dict | None, UnittestResult]:
     """Start the harness on ``payload``; ``(its report or None, a result holding the process facts)``."""
@@ -246,7 +249,9 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
                             fds={"token_fd": token_r, "result_fd": result_w, "report_fd": report_w},
                             boxed=boxed, info=info, exe=env.python, timeout_s=timeout_s, memory_mb=memory_mb,
                             max_processes=max_processes, output_limit_bytes=output_limit_bytes, guard=False,
-                            ro_binds=env.binds if boxed else ()) as box:
+                            ro_binds=env.binds if boxed else (),
+                            # BigCodeBench tasks write files (CSV, images, archives) to their folder and /tmp
+                            tmp_mb=TMPFS_MB, workdir_mb=TMPFS_MB) as box:
             for fd in ours:
                 os.close(fd)
             ours = []

@@ -16,13 +16,16 @@ Layers, outermost first (:mod:`.probe` says which apply on this machine):
 
 1. **bubblewrap** (default; Debian package ``bubblewrap``): new user, PID, network, mount, IPC,
    UTS and cgroup namespaces, every capability dropped, ``--die-with-parent``, ``--new-session``;
-   an empty tmpfs root with ``/usr`` and the interpreter's prefix read-only, a private ``/tmp`` and
-   the process's own working folder. Where it is missing, :func:`run_python`/:func:`run_tests`
-   refuse (:class:`SandboxUnavailable`) unless ``unsafe_exec=True`` (``--unsafe-exec``): then
-   *process mode* keeps only the layers below (never silently weaker).
+   an empty tmpfs root with ``/usr`` and the interpreter's prefix read-only, and size-limited tmpfs
+   on ``/tmp`` (``tmp_mb``) and the working folder ``/sandbox`` (``workdir_mb``). Where it is
+   missing, :func:`run_python`/:func:`run_tests` refuse (:class:`SandboxUnavailable`) unless
+   ``unsafe_exec=True`` (``--unsafe-exec``): then *process mode* keeps the layers below, only as
+   root (two uids or no run: :func:`.probe.process_interpreter`), with the same two tmpfs in a
+   mount namespace of its own where the kernel allows one.
 2. **A uid per process** (:mod:`.limits`): as root, each sandboxed process runs under a leased
-   unprivileged uid of its own, so ``RLIMIT_NPROC`` is its own whatever runs beside it, and
-   everything still running under the uid is killed when the run ends.
+   unprivileged uid of its own, so ``RLIMIT_NPROC`` is its own whatever runs beside it, the
+   candidate cannot open the test side's ``/proc/<pid>/fd``, and everything still running under
+   the uid is killed when the run ends.
 3. **Process lifetime** (:mod:`.process`): a new session; on completion or timeout the whole
    process group gets ``SIGKILL`` while the leader is still un-reaped.
 4. **Resource limits**, set by the trusted runner (``inside.py``) before any untrusted byte runs:
@@ -33,9 +36,11 @@ Layers, outermost first (:mod:`.probe` says which apply on this machine):
    destructive file operations, ``subprocess``, ``socket`` raise ``PermissionError``; ``ctypes``,
    ``multiprocessing`` and friends are un-importable.
 
-stdin is ``/dev/null``, the environment minimal (``PATH``, ``LANG``, ``LC_ALL``, ``HOME``,
-``TMPDIR``), the working folder is deleted afterwards, stdout/stderr go to capped files whose
-tails are returned. Linux only (``/proc``, process groups, pidfds).
+stdin is ``/dev/null`` once the runner has read its config from it (nothing of the config is on
+the command line), the environment minimal (``PATH``, ``LANG``, ``LC_ALL``, ``HOME``, ``TMPDIR``),
+stdout/stderr go to capped in-memory files opened before the start, whose tails the harness reads
+through its own descriptors (:mod:`.process`): nothing is reopened by a path the code could
+change. Linux only (``/proc``, process groups, pidfds, ``memfd_create``).
 """
 
 from .probe import SandboxInfo, SandboxUnavailable, check_isolation, sandbox_info

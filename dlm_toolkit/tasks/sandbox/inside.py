@@ -1,11 +1,14 @@
 """The trusted runner every sandboxed interpreter starts with (never imported by the package).
 
-The harness runs ``python -I -B -c <protocol.py's source + this file below the marker> <config>``:
-the source travels on the command line, so nothing of the package has to be readable inside the
-sandbox. Everything before ``exec(...)`` of untrusted code is ours:
+The harness runs ``python -I -B -c <process.BOOTSTRAP>`` with stdin an in-memory file holding the
+config (one JSON line) and protocol.py's source + this file below the marker; the bootstrap reads
+it and puts ``/dev/null`` on stdin. So nothing of the package has to be readable inside the
+sandbox, and nothing of the config (pipe fd numbers) is on the world-readable command line.
+Everything before ``exec(...)`` of untrusted code is ours:
 
-1. read the code files named in the config (before any privilege is dropped);
-2. process mode as root: enter a new network namespace where the kernel allows it;
+1. process mode as root: enter a new network namespace where the kernel allows it, and a mount
+   namespace with size-limited tmpfs on ``/tmp`` and the working folder;
+2. write the code files (they came in the config) into the working folder;
 3. resource limits: ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (files and captured output),
    ``RLIMIT_CORE = 0``, ``RLIMIT_CPU`` (timeout + 1 s);
 4. process mode as root: drop to the run's own unprivileged uid (bubblewrap starts as it);
@@ -37,7 +40,8 @@ import resource  # noqa: E402
 import sys  # noqa: E402
 
 _exit, _read, _write = os._exit, os.read, os.write  # noqa: F821 -- os comes with protocol.py's source
-cfg = json.loads(sys.argv[1])  # noqa: F821
+cfg = json.loads(_CFG)  # noqa: F821 -- the config line the bootstrap read from stdin (process.BOOTSTRAP)
+del _CFG  # noqa: F821
 
 
 def print_exc():
@@ -48,14 +52,7 @@ def print_exc():
     traceback.print_exc()
 
 
-try:
-    sources = {}
-    for _name, _path in cfg["paths"].items():
-        with open(_path, encoding="utf-8") as _f:
-            sources[_name] = _f.read()
-except BaseException:
-    print_exc()
-    _exit(3)
+sources = cfg.pop("sources")
 
 if cfg["netns"]:
     try:
@@ -66,6 +63,45 @@ if cfg["netns"]:
             ctypes.CDLL(None, use_errno=True).unshare(0x40000000)
     except Exception:
         pass
+
+
+if cfg.get("cgroup_procs"):  # process mode: into the run's memory cgroup while still root (cgroup.py)
+    try:
+        with open(cfg["cgroup_procs"], "w") as _f:
+            _f.write(str(os.getpid()))  # noqa: F821
+    except BaseException:
+        print_exc()
+        _exit(3)
+
+if cfg.get("mounts"):
+    # Process mode as root: a mount namespace of our own with size-limited tmpfs on /tmp and on the
+    # working folder, so what the code writes never reaches the host's disk or /tmp and vanishes
+    # with its last process. The code files go back into the new working folder (tracebacks,
+    # __file__). Where the kernel refuses, the host folders stay (sandbox_info probed this first).
+    try:
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+        if _libc.unshare(0x00020000) != 0 or _libc.mount(b"none", b"/", None, 0x4000 | (1 << 18), None) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+        for _target, _size, _mode in cfg["mounts"]:  # the working folder may lie in /tmp: made again there
+            os.makedirs(_target, mode=0o700, exist_ok=True)  # noqa: F821
+            if _libc.mount(b"tmpfs", _target.encode(), b"tmpfs", 2 | 4, f"size={_size},mode={_mode}".encode()) != 0:
+                raise OSError(ctypes.get_errno(), "mount tmpfs on " + _target)
+        os.chdir(cfg["mounts"][-1][0])  # noqa: F821 -- the working folder is mounted last
+        del _libc, _target, _size, _mode
+    except BaseException:
+        print_exc()
+        _exit(3)
+
+try:  # the code files, for tracebacks and __file__ (the working folder is fresh and ours)
+    for _name, _path in cfg["paths"].items():
+        with open(_path, "x", encoding="utf-8") as _f:
+            _f.write(sources[_name])
+        if cfg["uid"] is not None:
+            os.chown(_path, cfg["uid"], cfg["uid"])  # noqa: F821
+except BaseException:
+    print_exc()
+    _exit(3)
 
 
 def _limit(which, value):
@@ -90,6 +126,15 @@ if cfg["uid"] is not None:
     os.setgroups([])  # noqa: F821
     os.setgid(cfg["uid"])  # noqa: F821
     os.setuid(cfg["uid"])  # noqa: F821
+    # process mode: die with the evaluator, however it ends (bubblewrap has --die-with-parent). The
+    # uid change clears this setting, so it comes after; a parent gone meanwhile ends the run here.
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except BaseException:
+        _exit(3)
+    if os.getppid() != cfg["parent"]:  # noqa: F821
+        _exit(3)
 if cfg["nproc"] is not None:
     _limit(resource.RLIMIT_NPROC, cfg["nproc"])
 
@@ -162,6 +207,14 @@ def run_script():
     _exit(0)
 
 
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
 def serve_candidate():
     """Mode ``candidate``: load the solution, answer ``[seq, args, kwargs]`` requests until EOF."""
     requests, replies, entry = cfg["requests_fd"], cfg["replies_fd"], cfg["entry_point"]
@@ -175,6 +228,7 @@ def serve_candidate():
         print_exc()
         send(replies, {"d": [["load_error", f"{exception_name(exc)}: {str(exc)[:MAX_TEXT]}"]]})
         _exit(1)
+    _flush()
     send(replies, {"d": [["ready", True]]})
     while True:
         try:
@@ -195,6 +249,7 @@ def serve_candidate():
                 reply = {"t": [seq, "ok", encode(value)]}
             except NotPlainData as exc:
                 reply = {"t": [seq, "bad", str(exc)]}
+        _flush()  # the side is killed, not exited, when the tests end: what it printed must be out by then
         try:
             send(replies, reply)
         except NotPlainData as exc:  # a return value over the size limit

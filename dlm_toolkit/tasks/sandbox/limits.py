@@ -121,6 +121,21 @@ def uid_lease() -> Iterator[int]:
     raise PoolUnavailable(f"all {POOL_SIZE} sandbox uids ({POOL_FIRST}..{POOL_FIRST + POOL_SIZE - 1}) are in use")
 
 
+def leased(uid: int) -> bool:
+    """Whether some process holds ``uid``'s lease now (a lock we could not take)."""
+    try:
+        fd = os.open(lock_dir() / f"{uid}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # never leased on this machine
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if we took it
+    return False
+
+
 def tasks_of(uid: int, live_only: bool = False) -> dict[int, int]:
     """``{pid: threads}`` of the processes whose real uid is ``uid`` (what ``RLIMIT_NPROC`` counts);
     ``live_only``: without zombies (they cannot be killed, only reaped by their parent).

@@ -14,7 +14,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,8 @@ class SandboxInfo:
         drops_privileges: process mode (``--unsafe-exec``) runs code under a leased uid, not root.
         nproc_limited: ``RLIMIT_NPROC`` is enforced (never for uid 0).
         network_namespace: process mode can move the code into an empty network namespace.
+        mount_namespace: process mode can give the code size-limited tmpfs mounts on ``/tmp`` and
+            its working folder in a mount namespace of its own (else the host's, bounded per file).
         per_run_uid: each sandboxed process gets a uid of its own (root only; see :mod:`.limits`).
         bwrap: the bubblewrap binary, when it works here.
         bwrap_python: the interpreter run inside bubblewrap.
@@ -53,6 +54,7 @@ class SandboxInfo:
     bwrap: str | None = None
     bwrap_python: str | None = None
     bwrap_problem: str = ""
+    mount_namespace: bool = False
 
 
 def check_isolation(unsafe_exec: bool = False, info: SandboxInfo | None = None) -> str:
@@ -62,8 +64,43 @@ def check_isolation(unsafe_exec: bool = False, info: SandboxInfo | None = None) 
     if info.bwrap is not None:
         return "bwrap"
     if unsafe_exec:
+        process_interpreter(None if info.python == sys.executable else info.python)
         return "process"
     raise SandboxUnavailable(no_bwrap_message(info))
+
+
+def process_interpreter(python: str | None = None) -> SandboxInfo:
+    """The :class:`SandboxInfo` of the interpreter process mode runs: ``python`` (default
+    ``sys.executable``) where the pool's uids can run it, else, when none was named,
+    ``/usr/bin/python3``.
+
+    Raises:
+        SandboxUnavailable: process mode cannot give the candidate and the test side two
+            unprivileged uids here (:func:`process_problem` says why).
+    """
+    info = sandbox_info(python or sys.executable)
+    if info.drops_privileges:
+        return info
+    if python is None and os.path.exists(SYSTEM_PYTHON):
+        system = sandbox_info(SYSTEM_PYTHON)
+        if system.drops_privileges:
+            return system
+    raise SandboxUnavailable(process_problem(info))
+
+
+def process_problem(info: SandboxInfo) -> str:
+    """One line: why process mode cannot run code here under two unprivileged uids, and what to do."""
+    head = ("refusing process mode (--unsafe-exec): the candidate and the test side must each run under an "
+            "unprivileged uid of their own")
+    fix = "install bubblewrap (apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return f"{head}, and only an evaluator running as root can switch uids; run as root or {fix}"
+    if not info.per_run_uid:
+        return (f"{head}, and no uid could be leased from the pool (see dlm_toolkit/tasks/sandbox/limits.py); "
+                f"free the pool or {fix}")
+    return (f"{head}, and those uids cannot read the interpreter {os.path.realpath(info.python)} (a folder on its "
+            f"path is closed to other users, e.g. a pyenv under /root) nor {SYSTEM_PYTHON}; install python3 under "
+            f"/usr, make the interpreter's folders world-readable, or {fix}")
 
 
 def no_bwrap_message(info: SandboxInfo) -> str:
@@ -72,13 +109,15 @@ def no_bwrap_message(info: SandboxInfo) -> str:
             "--unsafe-exec (task argument unsafe_exec: true) to run with process-level limits only")
 
 
-def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str], ro_binds: tuple[str, ...] = ()) -> list[str]:
+def bwrap_argv(info: SandboxInfo, env: dict[str, str], tmp_bytes: int = 64 << 20,
+               workdir_bytes: int = 64 << 20, ro_binds: tuple[str, ...] = ()) -> list[str]:
     """The bubblewrap command line up to (not including) the interpreter.
 
     New user, PID, network, mount, IPC, UTS and cgroup namespaces; every capability dropped; an
-    empty tmpfs root holding ``/usr`` and the interpreter's prefix read-only, a private ``/tmp``
-    and ``workdir`` as ``/sandbox``; killed with its parent; a new session (no terminal).
-    ``ro_binds``: more host folders mounted read-only at the same path (a library environment)."""
+    empty tmpfs root holding ``/usr`` and the interpreter's prefix read-only; ``/tmp`` and the
+    working folder ``/sandbox`` are tmpfs mounts of ``tmp_bytes`` and ``workdir_bytes`` inside the
+    sandbox (nothing written there reaches the host, nothing is left when it ends); killed with
+    its parent; a new session (no terminal)."""
     assert info.bwrap is not None and info.bwrap_python is not None
     argv = [info.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr"]
@@ -92,8 +131,9 @@ def bwrap_argv(info: SandboxInfo, workdir: Path, env: dict[str, str], ro_binds: 
         argv += ["--ro-bind", prefix, prefix]
     for folder in ro_binds:
         argv += ["--ro-bind", folder, folder]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(workdir), "/sandbox",
-             "--chdir", "/sandbox", "--clearenv"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(tmp_bytes)), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(int(workdir_bytes)), "--perms", "0700", "--tmpfs", "/sandbox"]
+    argv += ["--chdir", "/sandbox", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     return argv
@@ -131,6 +171,7 @@ def sandbox_info(python: str | None = None) -> SandboxInfo:
         drops_privileges=drops,
         nproc_limited=drops or not is_root,
         network_namespace=bool(probe and probe["netns"]),
+        mount_namespace=bool(probe and probe.get("mountns")),
         per_run_uid=pool,
         bwrap=bwrap,
         bwrap_python=bwrap_python,
@@ -156,21 +197,17 @@ def _probe_bwrap(exe: str, is_root: bool, pool: bool) -> tuple[str | None, str |
         python = SYSTEM_PYTHON
     info = SandboxInfo(python=exe, drops_privileges=False, nproc_limited=False, network_namespace=False,
                        bwrap=bwrap, bwrap_python=python)
-    probe_dir = Path(tempfile.mkdtemp(prefix="dlm-sandbox-probe-"))
     try:
         with ExitStack() as stack:
             kwargs: dict = {}
             if is_root:
                 uid = stack.enter_context(uid_lease())
-                os.chown(probe_dir, uid, uid)
                 kwargs = {"user": uid, "group": uid, "extra_groups": []}
-            argv = bwrap_argv(info, probe_dir, {"PATH": "/usr/bin:/bin"}) + [python, "-I", "-c", "print('ok')"]
+            argv = bwrap_argv(info, {"PATH": "/usr/bin:/bin"}) + [python, "-I", "-c", "print('ok')"]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                                   cwd="/", **kwargs)
     except (OSError, subprocess.SubprocessError, PoolUnavailable) as err:
         return None, None, f"bwrap could not start: {err}"
-    finally:
-        shutil.rmtree(probe_dir, ignore_errors=True)
     if done.returncode != 0 or done.stdout.strip() != "ok":
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return None, None, f"bwrap failed a trial run: {why}"
@@ -190,7 +227,17 @@ if sys.argv[1] == "1":
             ok = ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0
     except Exception:
         ok = False
-print(json.dumps({"path": sys.path, "netns": ok}))
+mnt = False
+if sys.argv[1] == "1":
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        # a mount namespace of our own and a tmpfs in it (what process mode's runner does)
+        mnt = (libc.unshare(0x00020000) == 0 and libc.mount(b"none", b"/", None, 0x4000 | (1 << 18), None) == 0
+               and libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 6, b"size=1048576") == 0)
+    except Exception:
+        mnt = False
+print(json.dumps({"path": sys.path, "netns": ok, "mountns": mnt}))
 """
 
 

@@ -11,7 +11,8 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from .probe import SandboxInfo, SandboxUnavailable, check_isolation, no_bwrap_message, sandbox_info
+from .probe import (SandboxInfo, SandboxUnavailable, check_isolation, no_bwrap_message, process_interpreter,
+                    sandbox_info)
 from .process import SandboxProcess, read_available
 
 REPORT_LIMIT = 1 << 16
@@ -49,15 +50,22 @@ class SandboxResult:
 
 
 def _setup(timeout_s: float, memory_mb: int, python: str | None, unsafe_exec: bool,
-           isolation: str | None) -> tuple[str, SandboxInfo, bool]:
+           isolation: str | None, tmp_mb: int = 64, workdir_mb: int = 64) -> tuple[str, SandboxInfo, bool]:
     """Check the limits; ``(interpreter, its SandboxInfo, under bubblewrap?)``."""
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if memory_mb <= 0:
         raise ValueError(f"memory_mb must be > 0, got {memory_mb}")
+    for name, value in (("tmp_mb", tmp_mb), ("workdir_mb", workdir_mb)):
+        if type(value) is not int or value <= 0:
+            raise ValueError(f"{name} must be a positive integer (MiB), got {value!r}")
     exe = python or sys.executable
     info = sandbox_info(exe)
-    return exe, info, _isolation(unsafe_exec, isolation, info)
+    boxed = _isolation(unsafe_exec, isolation, info)
+    if not boxed:  # two unprivileged uids or no run
+        info = process_interpreter(python)
+        exe = info.python
+    return exe, info, boxed
 
 
 def _isolation(unsafe_exec: bool, isolation: str | None, info: SandboxInfo) -> bool:
@@ -84,6 +92,8 @@ def run_python(
     python: str | None = None,
     unsafe_exec: bool = False,
     isolation: str | None = None,
+    tmp_mb: int = 64,
+    workdir_mb: int = 64,
 ) -> SandboxResult:
     """Run ``code`` as ``__main__`` in a sandboxed ``python -I`` (see the package docstring).
 
@@ -103,12 +113,14 @@ def run_python(
             instead of raising :class:`SandboxUnavailable`.
         isolation: ``"bwrap"`` or ``"process"`` (the latter needs ``unsafe_exec``); default:
             ``"bwrap"`` where it works, else ``"process"`` if ``unsafe_exec``.
+        tmp_mb, workdir_mb: sizes of the tmpfs on ``/tmp`` and on the working folder (bubblewrap,
+            and process mode where it has a mount namespace: :attr:`.SandboxInfo.mount_namespace`).
 
     Raises:
         SandboxUnavailable: bubblewrap is needed and cannot run here. Never raises for anything
             the code does.
     """
-    exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation)
+    exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation, tmp_mb, workdir_mb)
     token_r, token_w = os.pipe()
     result_r, result_w = os.pipe()
     token = os.urandom(16).hex().encode()
@@ -118,7 +130,8 @@ def run_python(
         start = time.monotonic()
         with SandboxProcess(mode="script", files={"code": code}, fds={"token_fd": token_r, "result_fd": result_w},
                             boxed=boxed, info=info, exe=exe, timeout_s=timeout_s, memory_mb=memory_mb,
-                            max_processes=max_processes, output_limit_bytes=output_limit_bytes, guard=guard) as box:
+                            max_processes=max_processes, output_limit_bytes=output_limit_bytes, guard=guard,
+                            tmp_mb=tmp_mb, workdir_mb=workdir_mb) as box:
             os.close(token_r)
             os.close(result_w)
             token_r = result_w = -1
@@ -148,6 +161,8 @@ def run_tests(
     guard: bool = True,
     python: str | None = None,
     isolation: str | None = None,
+    tmp_mb: int = 64,
+    workdir_mb: int = 64,
 ) -> SandboxResult:
     """Run ``tests`` against the function ``entry_point`` that ``solution`` defines, across a
     plain-data boundary; the verdict comes from the test side only.
@@ -176,7 +191,7 @@ def run_tests(
         memory_mb, max_processes, output_limit_bytes: per side, as in :func:`run_python`.
         guard: the reliability guard on the candidate side (the test side runs the benchmark's
             own code and only ever holds plain data, so it goes without).
-        unsafe_exec, isolation, python: as in :func:`run_python`.
+        unsafe_exec, isolation, python, tmp_mb, workdir_mb: as in :func:`run_python` (per side).
 
     Returns:
         A :class:`SandboxResult`: ``passed`` iff the test side reported that the tests ran to
@@ -188,14 +203,14 @@ def run_tests(
     """
     if not (isinstance(entry_point, str) and entry_point.isidentifier() and not keyword.iskeyword(entry_point)):
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
-    exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation)
+    exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation, tmp_mb, workdir_mb)
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
     report_r, report_w = os.pipe()
     ours = [requests_r, requests_w, replies_r, replies_w, report_w]
     common = dict(boxed=boxed, info=info, exe=exe, timeout_s=timeout_s, memory_mb=memory_mb,
                   max_processes=max_processes, output_limit_bytes=output_limit_bytes, guard=guard,
-                  extra={"entry_point": entry_point})
+                  extra={"entry_point": entry_point}, tmp_mb=tmp_mb, workdir_mb=workdir_mb)
     try:
         start = time.monotonic()
         with ExitStack() as stack:
