@@ -76,9 +76,9 @@ def test_hard_subset_from_an_id_file_a_jsonl_file_or_a_field(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (lambda r: r.pop("test"), r"bad.jsonl:1: missing field\(s\) 'test'"),
-    (lambda r: r.update(code_prompt=3), r"record 1: 'code_prompt' must be a string, found int"),
-    (lambda r: r.update(entry_point="task func"), r"record 1: 'entry_point' 'task func' is not a Python name"),
-    (lambda r: r.update(hard="yes"), r"record 1: 'hard' must be true or false"),
+    (lambda r: r.update(code_prompt=3), r"bad.jsonl:1: field 'code_prompt': Input should be a valid string \(got int 3\)"),
+    (lambda r: r.update(entry_point="task func"), r"bad.jsonl:1: 'entry_point' 'task func' is not a Python name"),
+    (lambda r: r.update(hard="yes"), r"bad.jsonl:1: field 'hard': Input should be a valid boolean \(got str 'yes'\)"),
 ])
 def test_malformed_records_are_one_line_naming_the_record_and_field(tmp_path, change, message):
     record = json.loads((FIX / "BigCodeBench.jsonl").read_text().splitlines()[0])

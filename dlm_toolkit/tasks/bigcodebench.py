@@ -37,6 +37,8 @@ modules; ``on_env_missing: error`` refuses instead.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import ast
 import sys
 from collections import Counter
@@ -47,13 +49,33 @@ from dlm_toolkit.config import ConfigError
 
 from .base import Instance
 from .code import extract_code
-from .data import BenchmarkTask, DataError, DataSource, read_jsonl
+from .data import BenchmarkTask, DataError, DataSource, RowSchema, read_data_text, read_jsonl
 from .sandbox import check_isolation
 from .unittest_box import LibraryEnv, UnittestResult, library_env, probe_modules, run_unittest, top_level_imports
 
 __all__ = ["BigCodeBenchTask", "INSTRUCTION_PREFIX", "RESPONSE_PREFIX"]
 
 FIELDS = ("task_id", "complete_prompt", "instruct_prompt", "canonical_solution", "code_prompt", "test", "entry_point")
+
+
+class BigCodeBenchRow(RowSchema):
+    """The fields of an official release record the task reads (strict: a number where a string
+    belongs is refused naming the field); ``hard`` marks a Hard-subset task where no id list is given."""
+
+    task_id: str
+    complete_prompt: str
+    instruct_prompt: str
+    canonical_solution: str
+    code_prompt: str
+    test: str
+    entry_point: str
+    hard: Optional[bool] = None
+
+
+class TaskIdRow(RowSchema):
+    """A record of the official ``BigCodeBench-Hard.jsonl``: only its id is read."""
+
+    task_id: str
 INSTRUCTION_PREFIX = ("Please provide a self-contained Python script that solves the following problem in a "
                       "markdown code block:")
 RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the problem and passes "
@@ -78,10 +100,10 @@ def read_hard_ids(path: Path) -> set[str]:
     if not path.is_file():
         raise DataError(f"hard_ids: no file at {path} (a list of task ids, one a line, or the official "
                         "BigCodeBench-Hard.jsonl)")
-    text = path.read_text(encoding="utf-8")
+    text = read_data_text(path)
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     if first.lstrip().startswith("{"):
-        ids = {str(r["task_id"]) for r in read_jsonl(path, ("task_id",))}
+        ids = {row.data["task_id"] for row in read_jsonl(path, TaskIdRow)}
     else:
         ids = {ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")}
     if not ids:
@@ -152,17 +174,11 @@ class BigCodeBenchTask(BenchmarkTask):
 
     # ----------------------------------------------------------------- data
     def _load(self, path: Path) -> list[Instance]:
-        records = read_jsonl(path, FIELDS)
         keep = []
-        for number, r in enumerate(records, start=1):
-            where = f"{path}: record {number}"
-            for key in FIELDS:
-                if not isinstance(r[key], str):
-                    raise DataError(f"{where}: '{key}' must be a string, found {type(r[key]).__name__}")
+        for row in read_jsonl(path, BigCodeBenchRow):
+            r = row.data
             if not _is_name(r["entry_point"]):
-                raise DataError(f"{where}: 'entry_point' {r['entry_point']!r} is not a Python name")
-            if "hard" in r and not isinstance(r["hard"], bool):
-                raise DataError(f"{where}: 'hard' must be true or false")
+                raise DataError(f"{row.where}: 'entry_point' {r['entry_point']!r} is not a Python name")
             if self.subset == "hard" and not (r["task_id"] in self.hard if self.hard is not None else r.get("hard")):
                 continue
             keep.append(r)
