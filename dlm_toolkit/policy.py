@@ -6,10 +6,8 @@ from typing import Any, Mapping
 
 import torch
 
-from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
-from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
-from dlm_toolkit.indel import check_roles
-from dlm_toolkit.shadow import shadow_rule
+from dlm_toolkit.config import RoleSpec, SamplingConfig
+from dlm_toolkit.hooks import StepHook, collect
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -22,7 +20,6 @@ from dlm_toolkit.strategy import (
     Strategy,
     UnmaskRule,
 )
-from dlm_toolkit.verify import Verifier
 
 
 class StrategyError(RuntimeError):
@@ -43,17 +40,13 @@ class DecodingPolicy:
         self.blocks: BlockSchedule = self._build("blocks")
         self.remask: RemaskRule = self._build("remask")
         self.sampling: SamplingConfig = self.config.sampling
-        # a verification forward and a shadow block copy the block of length block_length starting at the
-        # block's start (the verification forward also assumes the cache ends at the window start): a
-        # block that moves and grows breaks both
-        shadow = shadow_rule(self)
-        copies_block = (f"m2t rule '{self.m2t.name}' (a verification forward)" if isinstance(self.m2t, Verifier) else None,
-                        f"{shadow} (a shadow block)" if shadow else None)
-        for who in copies_block:
-            if who and isinstance(self.blocks, DynamicBlockSchedule):
-                raise ConfigError(f"{who} needs a fixed block layout; block schedule '{self.blocks.name}' moves and "
-                                  "resizes its block: use semi_ar or multi_block_edit with it")
-        check_roles(self)  # insert/delete edits are a t2t option
+        # what the rules add to the step (verification, shadow block, insert/delete, plug-ins), checked
+        # against the policy here: the decode loop runs these at fixed stages (dlm_toolkit.hooks)
+        self.hooks: list[StepHook] = collect(self)
+
+    def forward_limit(self) -> int:
+        """Forwards one block may take: the block schedule's bound plus what each hook adds."""
+        return self.blocks.max_forwards_per_block() + sum(h.forward_budget(self) for h in self.hooks)
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)
