@@ -117,3 +117,19 @@ def test_forward_budgets_add_to_the_schedule_bound():
     assert DecodingPolicy("llada2.1-q", **{"t2t.name": "indel", "t2t.params.indel_steps": 3}).forward_limit() == 51
     shadow = DecodingPolicy("llada2.1-q", **{"m2t.name": "wino", "remask.name": "wino_shadow"})
     assert shadow.forward_limit() == 48 and shadow.hooks[0].engine_options() == {"shadow": True}
+
+
+def test_two_rules_reading_the_shadow_block_share_one_hook_named_after_the_first():
+    from dlm_toolkit import M2T
+    from dlm_toolkit.shadow import Shadow, ShadowHook
+    from strategies.wino import WinoWideIn
+
+    class _ShadowWideIn(WinoWideIn, Shadow):
+        pass
+
+    if "_shadow_wide_in" not in M2T.names():
+        M2T.register("_shadow_wide_in")(_ShadowWideIn)
+    both = DecodingPolicy("llada2.1-q", **{"m2t.name": "_shadow_wide_in", "remask.name": "wino_shadow"})
+    assert [(type(h), h.name) for h in both.hooks] == [(ShadowHook, "m2t rule '_shadow_wide_in'")]
+    one = DecodingPolicy("llada2.1-q", **{"m2t.name": "wino", "remask.name": "wino_shadow"})  # near miss
+    assert [h.name for h in one.hooks] == ["remask rule 'wino_shadow'"]
