@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
+from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
 
@@ -67,9 +67,7 @@ class ShadowHook(StepHook):
 
     def check_policy(self, policy: DecodingPolicy) -> None:
         # the shadow block copies the block of length block_length starting at the block's start
-        if isinstance(policy.blocks, DynamicBlockSchedule):
-            raise ConfigError(f"{self.name} (a shadow block) needs a fixed block layout; block schedule "
-                              f"'{policy.blocks.name}' moves and resizes its block: use semi_ar or multi_block_edit with it")
+        require_fixed_blocks(policy.blocks, f"{self.name} (a shadow block)")
 
     def check_model(self, model: DiffusionLM) -> None:
         """Refuse a full-attention model."""

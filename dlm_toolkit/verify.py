@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dlm_toolkit import rng
-from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
+from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import COUNTERS
@@ -106,9 +106,7 @@ class VerifyHook(StepHook):
     def check_policy(self, policy: DecodingPolicy) -> None:
         # the verification forward copies the block of length block_length starting at the block's
         # start and assumes the cache ends at the window start: a block that moves and grows breaks both
-        if isinstance(policy.blocks, DynamicBlockSchedule):
-            raise ConfigError(f"{self.name} (a verification forward) needs a fixed block layout; block schedule "
-                              f"'{policy.blocks.name}' moves and resizes its block: use semi_ar or multi_block_edit with it")
+        require_fixed_blocks(policy.blocks, f"{self.name} (a verification forward)")
 
     def check_model(self, model: DiffusionLM) -> None:
         """Refuse a full-attention model (it has no autoregressive mode to verify with)."""
