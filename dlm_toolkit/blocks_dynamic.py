@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from dlm_toolkit.config import StrategyConfig
+from dlm_toolkit.config import ConfigError, StrategyConfig
 from dlm_toolkit.state import DecodeState
 from dlm_toolkit.strategy import BlockSchedule, StepContext
 
@@ -143,3 +143,11 @@ class DynamicBlockSchedule(BlockSchedule):
             stop = live & ~state.done & ((state.canvas == state.eos_token_id) & final).any(1)
             state.eos_stopped |= stop
             state.done |= stop
+
+
+def require_fixed_blocks(blocks: BlockSchedule, who: str) -> None:
+    """Refuse a dynamic schedule for ``who`` (a hook that copies the active block of length
+    ``block_length`` from the block's start: its block would move and resize under it)."""
+    if isinstance(blocks, DynamicBlockSchedule):
+        raise ConfigError(f"{who} needs a fixed block layout; block schedule '{blocks.name}' moves and resizes its "
+                          "block: use semi_ar or multi_block_edit with it")

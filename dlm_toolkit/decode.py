@@ -4,8 +4,10 @@ One iteration = one model forward (one NFE for every live row in it): ``blocks.p
 which rows are live (finishing blocks that need no forward), ``blocks.window`` which positions'
 logits are used, the model runs with the attention pattern and KV-cache boundary the schedule
 declares, the policy's rules choose what to commit / edit / remask, the canvas is written, and
-``blocks.finish_step`` ends converged blocks. Strategies keep no state; the :class:`DecodeState`
-holds it all.
+``blocks.finish_step`` ends converged blocks. What a rule adds to the step (a verification forward,
+the shadow block, insert/delete edits, a plug-in's hook) runs at three fixed stages, after the
+forward, after the rules and after the write (:mod:`dlm_toolkit.hooks`); the loop does not know
+which hooks it runs. Strategies keep no state; the :class:`DecodeState` holds it all.
 
 The forwards themselves (shapes, attention patterns, the KV cache, the one host read per step) are
 :class:`~dlm_toolkit.engine.StepEngine`'s, in :mod:`dlm_toolkit.engine`.
@@ -22,14 +24,13 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.engine import CaptureMode, StepEngine, shared
+from dlm_toolkit.hooks import HookStages
 from dlm_toolkit.policy import DecodingPolicy, StepChecks
 from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
-from dlm_toolkit.indel import indel_forwards, indel_of, indel_step, written_window
-from dlm_toolkit import shadow as shadow_block
-from dlm_toolkit.verify import check_model, forward_limit, verifier_of, verify_step
+from dlm_toolkit.indel import written_window
 
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a captured step is built for; larger batches are split
@@ -87,8 +88,8 @@ def decode(
     if isinstance(check_every, bool) or not isinstance(check_every, int) or not 1 <= check_every <= 1024:
         raise ConfigError(f"check_every: must be an integer in [1, 1024] (got {check_every!r})")
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
-    check_model(policy, model.attention)
-    shadow_block.check_model(policy, model.attention)
+    for hook in policy.hooks:
+        hook.check_model(model)
     if not allow_past_context:
         origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
@@ -114,13 +115,12 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     state = DecodeState.start(padded, gen_length, blocks, model.mask_token_id, model.eos_token_id, model.vocab_size,
                               list(seeds) + [0] * (rows - n), model_device(model), round_width=mode != "eager")
     state.done[n:] = True
+    hooks = HookStages(policy.hooks)  # what the rules add to the step (dlm_toolkit.hooks)
     engine = StepEngine(model, blocks, state, cached, mode, COMPILE_BACKEND, trim=mode == "eager" and check_every == 1,
-                        shadow=shadow_block.shadow_rule(policy) is not None)
+                        **hooks.engine_options)
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
-    verifier = verifier_of(policy)  # an m2t rule that asks for a verification forward (dlm_toolkit.verify)
-    indel = indel_of(policy)  # a t2t rule that also inserts/deletes positions (dlm_toolkit.indel)
     trajectory = Trajectory(n_rows=n) if record else None
-    checks = StepChecks(policy, forward_limit(policy) + indel_forwards(policy))
+    checks = StepChecks(policy, policy.forward_limit())
     start = perf_counter()
     with torch.inference_mode():
         since_read = check_every
@@ -134,14 +134,14 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             since_read += 1
             logits = engine.forward(live, lo, hi)  # (N, W, V)
             ctx = step_context(policy, state, live, lo, hi, logits)
-            if engine.shadow_logits is not None:  # a rule reads the shadow block (dlm_toolkit.shadow)
-                ctx.shadow_confidence = shadow_block.shadow_confidence(ctx, engine.shadow_logits, state)
+            for after_forward in hooks.after_forward:
+                after_forward(ctx, engine, state)
             rules_step(ctx, state.memory)
-            if verifier is not None:
-                verify_step(engine, verifier, ctx, policy.sampling.temperature)
+            for after_rules in hooks.after_rules:
+                after_rules(ctx, engine, state)
             write(state, ctx)
-            if indel is not None:
-                indel_step(state, ctx, indel)
+            for after_write in hooks.after_write:
+                after_write(ctx, state)
             blocks.finish_step(state, ctx)
             checks.add(ctx, state)
             if trajectory is not None:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy import StepContext
 
@@ -85,10 +86,30 @@ class Indel:
         bound). Default: one per position of a block."""
         return block_length
 
+    def step_hooks(self, policy: DecodingPolicy, role: str) -> list[StepHook]:
+        """The insert/delete hook (refused by its policy check outside the T2T role)."""
+        return [IndelHook(self)]
 
-def indel_of(policy: DecodingPolicy) -> Indel | None:
-    """The policy's insert/delete rule (its T2T rule, if that is an :class:`Indel`), else None."""
-    return policy.t2t if isinstance(policy.t2t, Indel) else None
+
+class IndelHook(StepHook):
+    """Insert/delete edits as a step hook: after the write, :func:`indel_step`; the rule's
+    :meth:`~Indel.max_indel_forwards` adds to the per-block bound."""
+
+    def __init__(self, rule: Indel):
+        self.rule = rule
+        self.name = f"t2t rule '{getattr(rule, 'name', type(rule).__name__)}'"
+
+    def check_policy(self, policy: DecodingPolicy) -> None:
+        check_roles(policy)
+
+    def forward_budget(self, policy: DecodingPolicy) -> int:
+        return self.rule.max_indel_forwards(policy.blocks.block_length)
+
+    def budget_source(self, policy: DecodingPolicy) -> str:
+        return f"max_indel_forwards({policy.blocks.block_length})"
+
+    def after_write(self, ctx: StepContext, state: DecodeState) -> None:
+        indel_step(state, ctx, self.rule)
 
 
 def check_roles(policy: DecodingPolicy) -> None:
@@ -98,13 +119,6 @@ def check_roles(policy: DecodingPolicy) -> None:
         if isinstance(rule, Indel):
             raise ConfigError(f"{role} rule '{rule.name}' is an Indel (insert/delete edits), which only a t2t rule may "
                               "be: insert/delete edits run after the step's T2T edits")
-
-
-def indel_forwards(policy: DecodingPolicy) -> int:
-    """Forwards one block may take beyond the schedule's bound because of deletes (0 without an
-    :class:`Indel` rule)."""
-    rule = indel_of(policy)
-    return rule.max_indel_forwards(policy.blocks.block_length) if rule is not None else 0
 
 
 def indel_region(ctx: StepContext) -> torch.Tensor:

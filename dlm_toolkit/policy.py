@@ -6,10 +6,8 @@ from typing import Any, Mapping
 
 import torch
 
-from dlm_toolkit.blocks_dynamic import DynamicBlockSchedule
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
-from dlm_toolkit.indel import check_roles
-from dlm_toolkit.shadow import shadow_rule
+from dlm_toolkit.hooks import StepHook, collect
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -22,7 +20,6 @@ from dlm_toolkit.strategy import (
     Strategy,
     UnmaskRule,
 )
-from dlm_toolkit.verify import Verifier
 
 
 FORWARDS_PER_POSITION = 64
@@ -37,30 +34,24 @@ def forward_budget_cap(width: int) -> int:
 
 
 def check_budgets(policy: DecodingPolicy) -> None:
-    """Refuse a forward budget a rule declares -- the block schedule's ``max_forwards_per_block()``
-    (its post steps included), a verifier's ``max_verify_forwards``, an insert/delete rule's
-    ``max_indel_forwards`` -- unless it is an integer in ``[0, forward_budget_cap(width)]``: the
-    engine's NFE bound is built from them, so ``inf`` or ``10**9`` would let a rule that deletes
-    every step run for ever.
+    """Refuse a forward budget the policy declares -- the block schedule's ``max_forwards_per_block()``
+    (its post steps included) and each hook's :meth:`~dlm_toolkit.hooks.StepHook.forward_budget`
+    (a verifier's ``max_verify_forwards``, an insert/delete rule's ``max_indel_forwards``, a plug-in
+    hook's own) -- unless it is an integer in ``[0, forward_budget_cap(width)]``: the engine's NFE
+    bound is built from them, so ``inf`` or ``10**9`` would let a rule that deletes every step run
+    for ever.
 
     Raises:
         ConfigError: one line naming the rule, the method and the allowed range.
     """
-    from dlm_toolkit.indel import indel_of
-    from dlm_toolkit.verify import verifier_of
-
-    blocks, verifier, indel = policy.blocks, verifier_of(policy), indel_of(policy)
+    blocks = policy.blocks
     width = blocks.window_width()
     if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 1 << 20:
         raise ConfigError(f"blocks rule '{blocks.name}': window_width() = {width!r}: must be an integer in [1, {1 << 20}]")
-    cap, length = forward_budget_cap(width), blocks.block_length
+    cap = forward_budget_cap(width)
     budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block)]
-    if verifier is not None:
-        budgets.append((f"m2t rule '{verifier.name}'", f"max_verify_forwards({length})",
-                        lambda: verifier.max_verify_forwards(length)))
-    if indel is not None:
-        budgets.append((f"t2t rule '{indel.name}'", f"max_indel_forwards({length})",
-                        lambda: indel.max_indel_forwards(length)))
+    budgets += [(hook.name, hook.budget_source(policy), lambda hook=hook: hook.forward_budget(policy))
+                for hook in policy.hooks]
     for who, field, declared in budgets:
         value = declared()
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
@@ -86,18 +77,14 @@ class DecodingPolicy:
         self.blocks: BlockSchedule = self._build("blocks")
         self.remask: RemaskRule = self._build("remask")
         self.sampling: SamplingConfig = self.config.sampling
-        # a verification forward and a shadow block copy the block of length block_length starting at the
-        # block's start (the verification forward also assumes the cache ends at the window start): a
-        # block that moves and grows breaks both
-        shadow = shadow_rule(self)
-        copies_block = (f"m2t rule '{self.m2t.name}' (a verification forward)" if isinstance(self.m2t, Verifier) else None,
-                        f"{shadow} (a shadow block)" if shadow else None)
-        for who in copies_block:
-            if who and isinstance(self.blocks, DynamicBlockSchedule):
-                raise ConfigError(f"{who} needs a fixed block layout; block schedule '{self.blocks.name}' moves and "
-                                  "resizes its block: use semi_ar or multi_block_edit with it")
-        check_roles(self)  # insert/delete edits are a t2t option
+        # what the rules add to the step (verification, shadow block, insert/delete, plug-ins), checked
+        # against the policy here: the decode loop runs these at fixed stages (dlm_toolkit.hooks)
+        self.hooks: list[StepHook] = collect(self)
         check_budgets(self)
+
+    def forward_limit(self) -> int:
+        """Forwards one block may take: the block schedule's bound plus what each hook adds."""
+        return self.blocks.max_forwards_per_block() + sum(h.forward_budget(self) for h in self.hooks)
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)

@@ -21,7 +21,7 @@ probability of the token there before the step (softmax of the raw logits, as
 ``forward_tokens`` counts its positions (the compute it costs).
 
 Limits: block-causal models only (a full-attention model has no block group to copy, refused by
-:func:`check_model`), and fixed block layouts (a dynamic schedule's block moves and resizes, refused
+:meth:`ShadowHook.check_model`), and fixed block layouts (a dynamic schedule's block moves and resizes, refused
 when the policy is built, as for a verification forward); both with one message naming the rule.
 Host reads: none.
 """
@@ -32,9 +32,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.hooks import StepHook
 
 if TYPE_CHECKING:
+    from dlm_toolkit.engine import StepEngine
+    from dlm_toolkit.models.base import DiffusionLM
     from dlm_toolkit.policy import DecodingPolicy
     from dlm_toolkit.state import DecodeState
     from dlm_toolkit.strategy import StepContext
@@ -46,22 +50,37 @@ class Shadow:
     """Mixin of a rule that reads ``ctx.shadow_confidence`` (module docstring). The engine fills it
     for every step of a policy with such a rule; nothing else changes for the rule."""
 
-
-def shadow_rule(policy: DecodingPolicy) -> str | None:
-    """The name of the policy's first rule that reads the shadow block, else None."""
-    for role in ROLES:
-        rule = getattr(policy, role)
-        if isinstance(rule, Shadow):
-            return f"{role} rule '{rule.name}'"
-    return None
+    def step_hooks(self, policy: DecodingPolicy, role: str) -> list[StepHook]:
+        """The shadow-block hook (one per policy, however many of its rules read it)."""
+        return [ShadowHook(f"{role} rule '{getattr(self, 'name', type(self).__name__)}'")] if role in ROLES else []
 
 
-def check_model(policy: DecodingPolicy, attention: str) -> None:
-    """Refuse a shadow rule with a full-attention model."""
-    who = shadow_rule(policy)
-    if who is not None and attention != "block_causal":
-        raise ConfigError(f"{who} reads a shadow block, which copies the active block's attention group; this "
-                          f"model's attention is '{attention}' (a block-causal model is needed)")
+class ShadowHook(StepHook):
+    """The shadow block as a step hook: the engine appends it to every forward, and after the
+    forward ``ctx.shadow_confidence`` is filled from its logits (module docstring)."""
+
+    def __init__(self, who: str):
+        self.name = who  # the first rule that reads the shadow block
+
+    def key(self) -> str:
+        return "shadow"
+
+    def check_policy(self, policy: DecodingPolicy) -> None:
+        # the shadow block copies the block of length block_length starting at the block's start
+        require_fixed_blocks(policy.blocks, f"{self.name} (a shadow block)")
+
+    def check_model(self, model: DiffusionLM) -> None:
+        """Refuse a full-attention model."""
+        if model.attention != "block_causal":
+            raise ConfigError(f"{self.name} reads a shadow block, which copies the active block's attention group; "
+                              f"this model's attention is '{model.attention}' (a block-causal model is needed)")
+
+    def engine_options(self) -> dict[str, bool]:
+        return {"shadow": True}
+
+    def after_forward(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
+        if engine.shadow_logits is not None:
+            ctx.shadow_confidence = shadow_confidence(ctx, engine.shadow_logits, state)
 
 
 def add_shadow(state: DecodeState, blocks: object, live: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,

@@ -43,13 +43,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from dlm_toolkit import rng
+from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import COUNTERS
 from dlm_toolkit.strategy import StepContext
 
 if TYPE_CHECKING:
     from dlm_toolkit.engine import StepEngine
+    from dlm_toolkit.models.base import DiffusionLM
     from dlm_toolkit.policy import DecodingPolicy
+    from dlm_toolkit.state import DecodeState
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 VERIFY_DRAW = 1 << 12  # draw index of a verifier's random numbers: apart from the rules' own draws
@@ -86,25 +90,38 @@ class Verifier:
         position (a rule that commits at least one position per verified step needs no more)."""
         return block_length
 
-
-def verifier_of(policy: DecodingPolicy) -> Verifier | None:
-    """The policy's verifier (its M2T rule, if that asks for verification), else None."""
-    return policy.m2t if isinstance(policy.m2t, Verifier) else None
-
-
-def forward_limit(policy: DecodingPolicy) -> int:
-    """Forwards one block may take: the block schedule's bound plus the verifier's."""
-    verifier, blocks = verifier_of(policy), policy.blocks
-    extra = verifier.max_verify_forwards(blocks.block_length) if verifier is not None else 0
-    return blocks.max_forwards_per_block() + extra
+    def step_hooks(self, policy: DecodingPolicy, role: str) -> list[StepHook]:
+        """The verification hook, for the policy's M2T rule only (a verifier in another role is inert)."""
+        return [VerifyHook(self, policy.m2t.name, policy.sampling.temperature)] if role == "m2t" else []
 
 
-def check_model(policy: DecodingPolicy, attention: str) -> None:
-    """Refuse a verifier with a full-attention model (it has no autoregressive mode to verify with)."""
-    verifier = verifier_of(policy)
-    if verifier is not None and attention != "block_causal":
-        raise ConfigError(f"m2t rule '{policy.m2t.name}' verifies with the model's autoregressive mode (block size "
-                          f"one), which needs a block-causal model; this model's attention is '{attention}'")
+class VerifyHook(StepHook):
+    """The verification forward as a step hook: after the rules, draft, verify and accept
+    (:func:`verify_step`); its forwards count towards the per-block bound."""
+
+    def __init__(self, verifier: Verifier, rule_name: str, temperature: float):
+        self.verifier, self.rule_name, self.temperature = verifier, rule_name, temperature
+        self.name = f"m2t rule '{rule_name}'"
+
+    def check_policy(self, policy: DecodingPolicy) -> None:
+        # the verification forward copies the block of length block_length starting at the block's
+        # start and assumes the cache ends at the window start: a block that moves and grows breaks both
+        require_fixed_blocks(policy.blocks, f"{self.name} (a verification forward)")
+
+    def check_model(self, model: DiffusionLM) -> None:
+        """Refuse a full-attention model (it has no autoregressive mode to verify with)."""
+        if model.attention != "block_causal":
+            raise ConfigError(f"{self.name} verifies with the model's autoregressive mode (block size one), which "
+                              f"needs a block-causal model; this model's attention is '{model.attention}'")
+
+    def forward_budget(self, policy: DecodingPolicy) -> int:
+        return self.verifier.max_verify_forwards(policy.blocks.block_length)
+
+    def budget_source(self, policy: DecodingPolicy) -> str:
+        return f"max_verify_forwards({policy.blocks.block_length})"
+
+    def after_rules(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
+        verify_step(engine, self.verifier, ctx, self.temperature)
 
 
 def verify_uniform(ctx: StepContext, *trailing: int, dtype: torch.dtype = torch.float32, draw: int = 0) -> torch.Tensor:

@@ -332,7 +332,7 @@ def test_the_rule_equals_a_loop_over_positions_in_decodes_of_a_random_model(monk
         calls["repairs"] += len(want_ins) + len(want_del)
         return original(state, ctx, r)
 
-    monkeypatch.setattr(decode_module, "indel_step", checking)
+    monkeypatch.setattr(indel_module, "indel_step", checking)  # IndelHook.after_write calls it
     for seed in range(3):
         rng = random.Random(seed)
         prompts = [[rng.randrange(0, 60) for _ in range(rng.randint(1, 7))] for _ in range(3)]
@@ -349,7 +349,7 @@ def test_counters_follow_the_trajectory_and_block_masked_stays_exact(monkeypatch
         live = state.all_rows[~state.done]
         assert torch.equal(state.block_masked[live], state.masked_in_block(live)), "block_masked drifted from the canvas"
 
-    monkeypatch.setattr(decode_module, "indel_step", checking)
+    monkeypatch.setattr(indel_module, "indel_step", checking)  # IndelHook.after_write calls it
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     res = decode(tiny_llada2(seed=1), prompts, policy(**EAGER), 12, record=True)
     assert sum(r.deletes + r.inserts for r in res.rows) > 0, "nothing inserted or deleted: the test checks nothing"
