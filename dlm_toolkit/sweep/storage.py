@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.files import InputFileError, parse_json
 from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
@@ -193,6 +194,11 @@ def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
     started = len(study.get_trials(deepcopy=False))
     if started:
         study.sampler = make_sampler(exp, 0, started)  # a resumed study: continue, do not replay
+    if claim_study(study, exp):  # this process made the study's settings, in one transaction
+        study.set_user_attr("dlm_toolkit_version", dlm_toolkit.__version__)
+        with optuna_quiet():  # experimental in Optuna 5
+            study.set_metric_names(list(exp.metric_names))
+        return study
     stored = read_settings(study)
     if stored is None:
         if study.get_trials(deepcopy=False):
@@ -216,6 +222,102 @@ def create_or_resume(exp: Experiment, storage: Any, study_name: str) -> Any:
     if stored != exp.settings():  # operational settings (sampler, pruning, presets, ...) may change
         write_settings(study, exp.settings())
     return study
+
+
+DIGEST_KEY = "dlm_toolkit:experiment_digest"
+
+
+def experiment_digest(exp: Experiment) -> str:
+    """SHA-256 of the settings that decide a trial's results (what two sweeps of one study must share)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(exp.result_settings(), sort_keys=True).encode()).hexdigest()
+
+
+class _Recorder:
+    """Collects what :func:`write_settings` would set on a study (the attribute split stays there)."""
+
+    def __init__(self) -> None:
+        self.attrs: dict[str, Any] = {}
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.attrs[key] = value
+
+
+class _Attrs:
+    """A stand-in study with given user attributes, for :func:`stored_settings`."""
+
+    def __init__(self, name: str, attrs: dict[str, Any]) -> None:
+        self.study_name, self.user_attrs = name, attrs
+
+
+def claim_study(study: Any, exp: Experiment, attempts: int = 50) -> bool:
+    """Make ``exp`` the experiment of ``study`` if no sweep has: True when this call did.
+
+    One storage transaction inserts the experiment's digest as a study system attribute -- the
+    storage's unique key on (study, key) lets exactly one of several sweeps starting at once
+    succeed, on one host or many -- and, in the same transaction, writes the settings. A study
+    that already holds settings from before the digest existed gets the digest only if its
+    result-relevant settings equal ``exp``'s. False means another sweep's settings are in place
+    (or differ): the caller compares them and refuses or resumes. Storages without SQL tables
+    (Optuna's in-memory one) fall back to the unlocked write.
+    """
+    import sqlalchemy
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from dlm_toolkit.sweep.attrs import stored_settings
+
+    backend = getattr(study._storage, "_backend", study._storage)
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+        if read_settings(study) is None and not study.get_trials(deepcopy=False):
+            write_settings(study, exp.settings())
+            return True
+        return False
+    study_id = study._study_id
+    recorder = _Recorder()
+    write_settings(recorder, exp.settings())
+    text = sqlalchemy.text
+    for _ in range(attempts):
+        try:
+            with engine.begin() as con:
+                # the write comes first: SQLite takes its write lock here, so the reads below see
+                # everything a sweep that got here before us committed
+                con.execute(text("INSERT INTO study_system_attributes (study_id, key, value_json) "
+                                 "VALUES (:id, :key, :value)"),
+                            {"id": study_id, "key": DIGEST_KEY, "value": json.dumps(experiment_digest(exp))})
+                rows = con.execute(text("SELECT key, value_json FROM study_user_attributes WHERE study_id = :id"),
+                                   {"id": study_id}).fetchall()
+                try:
+                    attrs = {key: parse_json(value, f"study {study.study_name!r}: attribute {key}")
+                             for key, value in rows if key.startswith("experiment")}
+                except InputFileError as err:
+                    raise ConfigError(str(err)) from None
+                stored = stored_settings(_Attrs(study.study_name, attrs))
+                if stored is not None:
+                    old = {k: stored.get(k) if isinstance(stored, dict) else None for k in exp.result_settings()}
+                    if json.dumps(old, sort_keys=True) != json.dumps(exp.result_settings(), sort_keys=True):
+                        raise _Differs
+                    return False  # a study made before the digest: now it has one; resume it
+                trials = con.execute(text("SELECT COUNT(*) FROM trials WHERE study_id = :id"), {"id": study_id}).scalar()
+                if trials:
+                    raise _Differs  # not a dlm sweep study: the caller says so
+                for key, value in recorder.attrs.items():
+                    con.execute(text("INSERT INTO study_user_attributes (study_id, key, value_json) "
+                                     "VALUES (:id, :key, :value)"),
+                                {"id": study_id, "key": key, "value": json.dumps(value)})
+                return True
+        except (IntegrityError, _Differs):  # another sweep claimed it first (or it differs): compare
+            return False
+        except OperationalError as err:  # "database is locked" past the busy timeout: try again
+            if "locked" not in str(err):
+                raise
+            time.sleep(0.1)
+    raise ConfigError(f"study {study.study_name!r}: the storage stayed locked while claiming the study")
+
+
+class _Differs(Exception):
+    """Roll the claim's transaction back: the study's settings are not ``exp``'s."""
 
 
 def _short(value: Any) -> str:
