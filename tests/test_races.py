@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -234,3 +235,31 @@ def test_two_processes_creating_one_study_at_once_exactly_one_wins(tmp_path):
                                   f"{(4, 8)[1 - winner]})"), refusal
         assert read_settings(optuna.load_study(study_name=f"differ-{r}", storage=store))["n"] == stored
         assert [results[k][r]["same"] for k in (0, 1)] == ["ok", "ok"]
+
+
+# ------------------------------------------------------------------------------- a storage that keeps failing
+def test_a_full_disk_under_the_sqlite_store_ends_the_sweep_in_one_line_and_keeps_finished_trials(tmp_path):
+    """The Optuna store on a 145 kB tmpfs: its schema and a few trials fit, then every write fails
+    with "database or disk is full". The sweep stops after 3 such failures in a row (exit 2, one
+    error line, no traceback, no retry loop) and the trials finished before stay in the store."""
+    import sweep_helpers as h
+
+    bwrap = shutil.which("bwrap")
+    assert bwrap, "bubblewrap missing: install it with `apt-get install bubblewrap` (scripts/test.sh does)"
+    f = h.write_yaml(tmp_path / "exp.yaml", h.experiment(n=4))
+    count = ("import sqlite3; db = sqlite3.connect('file:/full/optuna.db?mode=ro', uri=True); "
+             "print('complete', db.execute(\"select count(*) from trials where state = 'COMPLETE'\").fetchone()[0])")
+    script = (f'"$@" sweep {f} --n-trials 500 --storage sqlite:////full/optuna.db --tracking-uri '
+              f'{h.tracking_uri(tmp_path)} --threads 1 --no-progress --heartbeat 1; echo "rc=$?"; '
+              f'{sys.executable} -c {shlex.quote(count)}')
+    done = subprocess.run([bwrap, "--dev-bind", "/", "/", "--size", "145000", "--tmpfs", "/full", "sh", "-c", script,
+                           "sh", *DLM], capture_output=True, text=True, env=ENV, timeout=240)
+    assert "rc=2" in done.stdout, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and done.stderr.strip().splitlines()[-1] == errors[0], done.stderr[-3000:]
+    assert errors[0].startswith("error: storage 'sqlite:////full/optuna.db' failed 3 times in a row with the same "
+                                "error (database or disk is full) and no trial finished in between; the ")
+    kept = int(errors[0].split("; the ")[1].split()[0])
+    assert kept >= 1 and f"complete {kept}" in done.stdout  # the finished trials the line names are in the store
+    assert sum(line.startswith("storage ") for line in done.stderr.splitlines()) == 2  # two retries, then the end

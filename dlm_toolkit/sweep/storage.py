@@ -140,18 +140,80 @@ def lost_connection(err: BaseException) -> BaseException | None:
     return None
 
 
+def root_line(err: BaseException) -> str:
+    """The first line of the innermost error behind ``err``: Optuna wraps the database's own words
+    ("database or disk is full") in a generic "An exception is raised during the commit"."""
+    seen = 0
+    while (err.__cause__ or err.__context__) is not None and seen < 20:
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return first_line(err)
+
+
+@contextmanager
+def quiet_storage_threads() -> Iterator[None]:
+    """Optuna's heartbeat thread dies with a traceback when the storage fails; the sweep's own loop
+    meets the same failure and reports it in one line, so such threads end silently."""
+    import threading
+
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if args.exc_value is not None and lost_connection(args.exc_value) is not None:
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+
+
 class StorageLost(ConfigError):
     """The storage stopped answering and did not come back within the reconnect budget."""
+
+
+MAX_SAME_FAILURES = 3  # the same storage error, with no trial finished in between, ends the sweep
+_SAME_FAILURES: dict[tuple[str, str], tuple[str, int | None, int]] = {}
+
+
+def _finished_trials(study: Any) -> int | None:
+    """How many trials of ``study`` completed or were pruned; None when the storage does not
+    answer even a read (then it is down, not full: the caller waits for it)."""
+    from optuna.trial import TrialState
+
+    try:
+        trials = study._storage.get_all_trials(study._study_id, deepcopy=False,
+                                               states=(TrialState.COMPLETE, TrialState.PRUNED))
+    except connection_errors():
+        return None
+    return len(trials)
 
 
 def wait_for_storage(study: Any, url: str, err: BaseException, budget_s: float, echo: Any = None) -> None:
     """Poll the storage behind ``study`` until it answers again, for up to ``budget_s`` seconds.
 
+    A storage that answers reads but fails the same way :data:`MAX_SAME_FAILURES` times in a
+    row, with no trial finishing in between (a full disk, a read-only file), is not waited for.
+
     Raises:
-        StorageLost: still unreachable; the message says what is kept and how to continue.
+        StorageLost: still unreachable, or failing the same way again and again; the message says
+            what is kept and how to continue.
     """
-    first = first_line(err)
-    if echo is not None:
+    first = root_line(err)
+    done = _finished_trials(study)
+    key = (hide_password(url), study.study_name)
+    last = _SAME_FAILURES.get(key)
+    repeats = last[2] + 1 if last is not None and last[:2] == (first, done) else 1
+    _SAME_FAILURES[key] = (first, done, repeats)
+    if done is not None and repeats >= MAX_SAME_FAILURES:
+        # it answers reads but fails every write the same way: a full disk, a read-only file
+        raise StorageLost(f"storage {hide_password(url)!r} failed {repeats} times in a row with the same error "
+                          f"({first}) and no trial finished in between; the {done} finished trials are stored. "
+                          "Mend the storage (free space, write permission) and run the same command again")
+    if echo is not None and repeats > 1:
+        echo(f"storage {hide_password(url)!r} failed again ({first}); try {repeats} of {MAX_SAME_FAILURES}")
+    elif echo is not None:
         echo(f"storage {hide_password(url)!r} stopped answering ({first}); retrying for up to {budget_s:.0f} s")
     deadline, delay = time.monotonic() + budget_s, 0.5
     while time.monotonic() < deadline:

@@ -54,7 +54,8 @@ from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
 from dlm_toolkit.sweep.storage import new_sqlite_files, remove_unused
 from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
-                                       StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
+                                       StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet,
+                                       quiet_storage_threads, root_line)
 from dlm_toolkit.sweep.tracking import Tracker, TrackingLost
 from dlm_toolkit.sweep.uris import check_sqlite_folder, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
@@ -197,8 +198,15 @@ def run_sweep(
     try:
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
                                                            grace_period, placement[0], dtype)
-        study = create_or_resume(exp, store, name)
-        enqueue_presets(study, exp)
+        try:
+            study = create_or_resume(exp, store, name)
+            enqueue_presets(study, exp)
+        except Exception as err:
+            if isinstance(err, ConfigError) or lost_connection(err) is None:
+                raise
+            raise StorageLost(f"storage {hide_password(storage)!r}: {root_line(err)} while preparing study "
+                              f"{name!r}; no trial ran. Mend the storage (free space, write permission) and run "
+                              "the same command again") from None
         parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
     except BaseException:
         dismiss(spawned)
@@ -214,11 +222,12 @@ def run_sweep(
         torch.set_num_threads(threads or (saved_threads if workers == 1 else max(1, (os.cpu_count() or 1) // workers)))
         runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write,
                              reconnect_s=reconnect_s)
-        if workers == 1:
-            counts = runner.run(on_progress=bar.update)
-        else:
-            counts = run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
-                                 heartbeat_interval, grace_period, bar, runner, placement, dtype)
+        with quiet_storage_threads():
+            if workers == 1:
+                counts = runner.run(on_progress=bar.update)
+            else:
+                counts = run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
+                                     heartbeat_interval, grace_period, bar, runner, placement, dtype)
         status = "FINISHED" if counts.counted >= n_trials or grid_exhausted(study) else "FAILED"
     finally:
         dismiss(spawned)
