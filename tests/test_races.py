@@ -263,3 +263,84 @@ def test_a_full_disk_under_the_sqlite_store_ends_the_sweep_in_one_line_and_keeps
     kept = int(errors[0].split("; the ")[1].split()[0])
     assert kept >= 1 and f"complete {kept}" in done.stdout  # the finished trials the line names are in the store
     assert sum(line.startswith("storage ") for line in done.stderr.splitlines()) == 2  # two retries, then the end
+
+
+# ------------------------------------------------------------------------------- refused commands write nothing
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_refused_pareto_leaves_an_empty_or_foreign_file_as_it_was(tmp_path):
+    (tmp_path / "empty.db").touch()
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        db.execute("create table notes (x)")
+    (tmp_path / "text.db").write_text("not a database")
+    before = _snapshot(tmp_path)
+    cases = {"empty.db": "holds no Optuna study (an empty file)", "other.db": "holds no Optuna study (no Optuna tables)",
+             "text.db": "is not a readable SQLite database (file is not a database)"}
+    for name, says in cases.items():
+        done = dlm("pareto", "--storage", f"sqlite:///{tmp_path / name}", "--study-name", "t", "--no-log", cwd=tmp_path)
+        assert one_error_line(done) == f"error: storage 'sqlite:///{tmp_path / name}': {tmp_path / name} {says}"
+    assert _snapshot(tmp_path) == before
+
+
+def test_swapped_storage_and_tracking_urls_are_refused_before_either_store_is_written(tmp_path, capsys):
+    import sweep_helpers as h
+
+    from dlm_toolkit.config import ConfigError
+    from dlm_toolkit.sweep.storage import open_storage
+    from dlm_toolkit.sweep.study import run_sweep
+
+    mlflow_uri = h.tracking_uri(tmp_path)
+    optuna_uri = f"sqlite:///{tmp_path}/optuna.db"
+    open_storage(optuna_uri, heartbeat_interval=None)
+    before = _snapshot(tmp_path)
+    exp = h.experiment(n=4)
+    with pytest.raises(ConfigError) as err:
+        run_sweep(exp, 1, storage=mlflow_uri, tracking_uri=optuna_uri, progress=False)
+    assert str(err.value) == (f"storage '{mlflow_uri}': {tmp_path}/mlflow.db is an MLflow tracking store, not an "
+                              "Optuna storage (--storage and --tracking-uri swapped?)")
+    with pytest.raises(ConfigError) as err:
+        run_sweep(exp, 1, storage=f"sqlite:///{tmp_path}/new.db", tracking_uri=optuna_uri, progress=False)
+    assert str(err.value) == (f"tracking URI '{optuna_uri}': {tmp_path}/optuna.db is an Optuna storage, not an "
+                              "MLflow tracking store (--storage and --tracking-uri swapped?)")
+    from dlm_toolkit.cli import main
+
+    assert main(["pareto", "--storage", optuna_uri, "--study-name", "t", "--tracking-uri", optuna_uri]) == 2
+    assert capsys.readouterr().err.strip().endswith("is an Optuna storage, not an MLflow tracking store "
+                                                     "(--storage and --tracking-uri swapped?)")
+    assert _snapshot(tmp_path) == before  # byte for byte, and no new.db left
+
+
+def test_workers_start_only_after_the_stores_are_checked(tmp_path, monkeypatch):
+    """--workers 10 with a storage in a missing folder: refused before any worker process starts
+    (each would import torch, MLflow and Optuna first); a non-UTF-8 storage path is one line too."""
+    import subprocess as sp
+
+    import sweep_helpers as h
+
+    from dlm_toolkit.config import ConfigError
+    from dlm_toolkit.sweep import study
+
+    started = []
+    real = sp.Popen
+
+    def spy(*args, **kwargs):
+        started.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study.subprocess, "Popen", spy)
+    exp = h.experiment(n=4)
+    with pytest.raises(ConfigError, match=f"storage 'sqlite:///{tmp_path}/missing/x.db': folder {tmp_path}/missing "
+                                          "does not exist"):
+        study.run_sweep(exp, 1, storage=f"sqlite:///{tmp_path}/missing/x.db", tracking_uri=h.tracking_uri(tmp_path),
+                        workers=10, progress=False)
+    assert started == []
+    with pytest.raises(ConfigError, match=r"^storage: not valid UTF-8 \(byte 0xff at byte offset "):
+        study.run_sweep(exp, 1, storage=f"sqlite:///{tmp_path}/\udcff.db", tracking_uri=h.tracking_uri(tmp_path),
+                        workers=10, progress=False)
+    assert started == [] and not list(tmp_path.glob("*.db-journal"))
+    bad = dlm("sweep", str(h.write_yaml(tmp_path / "exp.yaml", exp)), "--storage",
+              os.fsencode(f"sqlite:///{tmp_path}/").decode() + "\udcff.db", "--workers", "10", "--n-trials", "1",
+              cwd=tmp_path)
+    assert one_error_line(bad).startswith("error: storage: not valid UTF-8 (byte 0xff")

@@ -18,7 +18,8 @@ from dlm_toolkit.files import InputFileError, parse_json
 from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
-from dlm_toolkit.sweep.uris import check_sqlite_folder, creation_lock, first_line, hide_password
+from dlm_toolkit.sweep.uris import (OPTUNA_TABLES, check_sqlite_folder, check_store_kind, creation_lock, first_line,
+                                   hide_password, sqlite_tables)
 
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -38,6 +39,7 @@ def open_storage(url: str, heartbeat_interval: int | None = DEFAULT_HEARTBEAT, g
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     check_sqlite_folder(url, "storage")
+    check_store_kind(url, "storage", "optuna")
     if url.startswith("sqlite"):
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     elif url.startswith(("postgresql", "mysql")):
@@ -104,6 +106,10 @@ def load_study(storage: str | Any, study_name: str) -> Any:
         db = sqlite_file(storage)
         if db is not None and not db.exists():
             raise ConfigError(f"storage {storage!r}: database file {db} does not exist")
+        if db is not None and not OPTUNA_TABLES <= sqlite_tables(db, "storage", storage):
+            # opening it would create Optuna's tables in it: a refused read must write nothing
+            raise ConfigError(f"storage {hide_password(storage)!r}: {db} holds no Optuna study "
+                              f"({'an empty file' if db.stat().st_size == 0 else 'no Optuna tables'})")
     store = open_storage(storage, heartbeat_interval=None) if isinstance(storage, str) else storage
     where = hide_password(str(getattr(store, "url", storage)))
     try:

@@ -57,7 +57,7 @@ from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEF
                                        StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet,
                                        quiet_storage_threads, root_line)
 from dlm_toolkit.sweep.tracking import Tracker, TrackingLost
-from dlm_toolkit.sweep.uris import check_sqlite_folder, hide_password
+from dlm_toolkit.sweep.uris import check_sqlite_folder, check_store_kind, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
 from dlm_toolkit.sweep.worker import dismiss, run_workers, worker_command
 
@@ -186,6 +186,9 @@ def run_sweep(
     if exp.allow_import:  # the experiment opted in to package.module:Class names
         set_allow_imports(True)
 
+    for url, what, kind in ((storage, "storage", "optuna"), (tracking_uri, "tracking URI", "mlflow")):
+        check_sqlite_folder(url, what)  # before any worker starts, and before either store is written
+        check_store_kind(url, what, kind)
     dtype = dtype or exp.dtype
     placement = place_workers(workers, device or exp.device, devices, dtype)
     workers = len(placement)
