@@ -51,36 +51,41 @@ def tree(folder: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- train: before step 1
-def test_train_checks_the_eval_policy_and_the_out_path_before_step_1(tmp_path):
-    """Each mistake is one line before any step (no "step" progress, nothing created); the same
-    command with the mistake mended trains (eval included), so the check is not simply strict."""
+def test_train_checks_the_eval_policy_and_the_out_path_before_step_1(tmp_path, capsys):
+    """Each mistake is one line before any step (nothing created); the same command with the
+    mistake mended trains (evals included), so the check is not simply strict."""
+    from dlm_toolkit.cli import main
+
+    def refused(*args: str) -> str:
+        assert main(["train", *args, "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+        return err[0]
+
     before = tree(tmp_path)
-    typo = dlm("train", str(config_file(tmp_path, eval_preset="llada2.1-qq", eval_n=2)), "--out",
-               str(tmp_path / "a"), "--no-progress")
-    assert "eval_preset: unknown preset or policy file 'llada2.1-qq'" in one_error_line(typo)
+    typo = refused(str(config_file(tmp_path, eval_preset="llada2.1-qq", eval_n=2)), "--out", str(tmp_path / "a"))
+    assert "eval_preset: unknown preset or policy file 'llada2.1-qq'" in typo
     # a policy file the schema refuses
     policy = json.loads((REPO / "experiments/configs/llada2.1-q.json").read_text())
     policy["blocks"]["params"]["block_length"] = -4
     (tmp_path / "bad.json").write_text(json.dumps(policy))
-    bad = dlm("train", str(config_file(tmp_path, eval_preset=str(tmp_path / "bad.json"), eval_n=2)), "--out",
-              str(tmp_path / "a"), "--no-progress")
-    assert one_error_line(bad).startswith("error: eval_preset: blocks.params.block_length: ")
+    bad = refused(str(config_file(tmp_path, eval_preset=str(tmp_path / "bad.json"), eval_n=2)), "--out",
+                  str(tmp_path / "a"))
+    assert bad.startswith("error: eval_preset: blocks.params.block_length: ")
     # the eval's canvases (blocks of 32 for llada2.1-q) past the model's context: found now, not after training
-    wide = dlm("train", str(config_file(tmp_path, max_position_embeddings=24, eval_n=2)), "--out",
-               str(tmp_path / "a"), "--no-progress")
-    assert "eval_preset: 'llada2.1-q' decodes task 'add' in blocks of 32" in one_error_line(wide)
+    wide = refused(str(config_file(tmp_path, max_position_embeddings=24, eval_n=2)), "--out", str(tmp_path / "a"))
+    assert "eval_preset: 'llada2.1-q' decodes task 'add' in blocks of 32" in wide
     (tmp_path / "plain").write_text("x")
-    below = dlm("train", str(config_file(tmp_path)), "--out", str(tmp_path / "plain" / "sub" / "out"), "--no-progress")
-    assert one_error_line(below) == f"error: out: {tmp_path}/plain/sub/out cannot be created: {tmp_path}/plain is not a folder"
+    below = refused(str(config_file(tmp_path)), "--out", str(tmp_path / "plain" / "sub" / "out"))
+    assert below == f"error: out: {tmp_path}/plain/sub/out cannot be created: {tmp_path}/plain is not a folder"
     assert tree(tmp_path) == sorted([*before, "train.json", "bad.json", "plain"])
     assert (tmp_path / "plain").read_text() == "x"
     # near misses: a valid policy file with evals, and missing parents (created), both train
     policy["blocks"]["params"]["block_length"] = 8
     (tmp_path / "good.json").write_text(json.dumps(policy))
-    ok = dlm("train", str(config_file(tmp_path, eval_preset=str(tmp_path / "good.json"), eval_n=2,
-                                      max_position_embeddings=24)),
-             "--out", str(tmp_path / "new" / "deeper" / "out"), "--no-progress")
-    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert main(["train", str(config_file(tmp_path, eval_preset=str(tmp_path / "good.json"), eval_n=2,
+                                          max_position_embeddings=24)),
+                 "--out", str(tmp_path / "new" / "deeper" / "out"), "--no-progress"]) == 0
     info = json.loads((tmp_path / "new/deeper/out/training.json").read_text())
     assert info["evals"] and not (tmp_path / "new/deeper/out/.dlm-train.lock").exists()
 

@@ -81,10 +81,10 @@ class SweepResult:
 
 def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_interval: int = DEFAULT_HEARTBEAT,
                     grace_period: int | None = None, device: str | None = None,
-                    dtype: str | None = None) -> tuple[Any, Any, Any, Tracker]:
+                    dtype: str | None = None, store: Any = None) -> tuple[Any, Any, Any, Tracker]:
     """Open everything a sweep needs, or fail with a ConfigError before any trial runs.
 
-    Returns ``(model, tokenizer, storage, tracker)``.
+    Returns ``(model, tokenizer, storage, tracker)``; ``store``: the storage, already open.
     """
     from dlm_toolkit.evaluate import check_task_context, load_checkpoint
     from dlm_toolkit.policy import DecodingPolicy
@@ -101,7 +101,7 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
     needed = max(map(len, prompts)) + task.answer_length + 1
     for source in (exp.base_policy, *exp.presets_to_enqueue):
         check_task_context(model, needed, DecodingPolicy(source), exp.task)
-    store = open_storage(storage, heartbeat_interval, grace_period)
+    store = store if store is not None else open_storage(storage, heartbeat_interval, grace_period)
     tracker = Tracker(tracking_uri, exp.mlflow_experiment)
     return model, tokenizer, store, tracker
 
@@ -193,14 +193,17 @@ def run_sweep(
     placement = place_workers(workers, device or exp.device, devices, dtype)
     workers = len(placement)
     name = study_name or exp.default_name
-    # Workers 1..K-1 start now: their imports (torch, MLflow, Optuna; seconds) overlap the checks
-    # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
-    spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
-               for _ in range(1, workers)]
+    # Workers 1..K-1 start once the storage answers: their imports (torch, MLflow, Optuna; seconds)
+    # overlap the checks below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
     created = new_sqlite_files(storage, tracking_uri)
+    spawned: list[subprocess.Popen] = []
     try:
+        # the storage answers before any worker starts (a server URL that does not is one line, no workers)
+        store = open_storage(storage, heartbeat_interval, grace_period)
+        spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
+                   for _ in range(1, workers)]
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
-                                                           grace_period, placement[0], dtype)
+                                                           grace_period, placement[0], dtype, store=store)
         try:
             study = create_or_resume(exp, store, name)
             enqueue_presets(study, exp)

@@ -62,12 +62,9 @@ def first_line(err: BaseException) -> str:
 def check_utf8(uri: str, what: str) -> None:
     """Refuse a URL whose bytes were not UTF-8 (Python hands such command-line bytes over as lone
     surrogates, which SQLAlchemy and SQLite cannot encode: a traceback, later)."""
-    try:
-        uri.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raw = uri.encode("utf-8", "surrogateescape")
-        offset = len(uri[:err.start].encode("utf-8", "surrogateescape"))
-        raise ConfigError(f"{what}: not valid UTF-8 (byte 0x{raw[offset]:02x} at byte offset {offset})") from None
+    from dlm_toolkit.commands.common import prompt_text
+
+    prompt_text(uri, what)
 
 
 OPTUNA_TABLES = frozenset({"studies", "trials"})
