@@ -115,7 +115,9 @@ def test_checkpoint_bytes_counts_the_largest_write():
 
 
 # ------------------------------------------------------------------------------- train: one run per --out
-def test_two_trains_into_one_out_the_second_is_refused_and_a_killed_run_leaves_no_claim(tmp_path):
+def test_two_trains_into_one_out_the_second_is_refused_and_a_killed_run_leaves_no_claim(tmp_path, capsys):
+    from dlm_toolkit.cli import main as cli_main
+
     out = tmp_path / "out"
     first = subprocess.Popen([*DLM, "train", str(config_file(tmp_path, "long.json", steps=1_000_000)), "--out",
                               str(out), "--no-progress"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -126,17 +128,17 @@ def test_two_trains_into_one_out_the_second_is_refused_and_a_killed_run_leaves_n
         while not (lock.is_file() and lock.read_text().strip()) and time.monotonic() < deadline:
             assert first.poll() is None, first.stderr.read()
             time.sleep(0.1)
-        second = dlm("train", str(config_file(tmp_path)), "--out", str(out), "--no-progress")
-        line = one_error_line(second)
+        assert cli_main(["train", str(config_file(tmp_path)), "--out", str(out), "--no-progress"]) == 2  # this process
+        line = capsys.readouterr().err
         assert line.startswith(f"error: out: {out} is being written by another dlm train (pid {first.pid} on ")
+        assert line.count("\n") == 1
         assert first.poll() is None  # the first run goes on
         assert tree(out) == [".dlm-train.lock"]  # the second wrote nothing
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.communicate()
     # the kernel dropped the dead run's lock: the next run claims the folder and trains
-    third = dlm("train", str(config_file(tmp_path)), "--out", str(out), "--no-progress")
-    assert third.returncode == 0, third.stderr[-3000:]
+    assert cli_main(["train", str(config_file(tmp_path)), "--out", str(out), "--no-progress"]) == 0
     assert "model.safetensors" in tree(out) and ".dlm-train.lock" not in tree(out)
 
 
@@ -275,7 +277,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def test_a_refused_pareto_leaves_an_empty_or_foreign_file_as_it_was(tmp_path):
+def test_a_refused_pareto_leaves_an_empty_or_foreign_file_as_it_was(tmp_path, capsys):
     (tmp_path / "empty.db").touch()
     with sqlite3.connect(tmp_path / "other.db") as db:
         db.execute("create table notes (x)")
@@ -283,9 +285,11 @@ def test_a_refused_pareto_leaves_an_empty_or_foreign_file_as_it_was(tmp_path):
     before = _snapshot(tmp_path)
     cases = {"empty.db": "holds no Optuna study (an empty file)", "other.db": "holds no Optuna study (no Optuna tables)",
              "text.db": "is not a readable SQLite database (file is not a database)"}
+    from dlm_toolkit.cli import main
+
     for name, says in cases.items():
-        done = dlm("pareto", "--storage", f"sqlite:///{tmp_path / name}", "--study-name", "t", "--no-log", cwd=tmp_path)
-        assert one_error_line(done) == f"error: storage 'sqlite:///{tmp_path / name}': {tmp_path / name} {says}"
+        assert main(["pareto", "--storage", f"sqlite:///{tmp_path / name}", "--study-name", "t", "--no-log"]) == 2
+        assert capsys.readouterr().err == f"error: storage 'sqlite:///{tmp_path / name}': {tmp_path / name} {says}\n"
     assert _snapshot(tmp_path) == before
 
 

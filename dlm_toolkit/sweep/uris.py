@@ -97,7 +97,8 @@ def check_store_kind(uri: str, what: str, kind: str) -> None:
     db = sqlite_file(uri)
     if db is None or not db.is_file() or db.stat().st_size == 0:
         return
-    tables = sqlite_tables(db, what, uri)
+    with creation_lock(uri):  # not halfway through another process's schema creation
+        tables = sqlite_tables(db, what, uri)
     want, other, names = ((OPTUNA_TABLES, MLFLOW_TABLES, ("an Optuna storage", "an MLflow tracking store"))
                           if kind == "optuna" else (MLFLOW_TABLES, OPTUNA_TABLES,
                                                     ("an MLflow tracking store", "an Optuna storage")))
