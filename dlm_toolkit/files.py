@@ -13,7 +13,8 @@ atomic on POSIX) and fsyncs the folder. A failure or a kill at any point leaves 
 file as it was: a crash can leave only a hidden temporary, which the next write of the same
 name removes once its writer is gone. A full disk -- ``ENOSPC``, ``EDQUOT``, or ``EFBIG`` from
 ``RLIMIT_FSIZE`` -- raises :class:`NoSpaceError`: "no space left on device while writing X; the
-previous X is unchanged". :func:`atomic_write_many` writes a set of files (a checkpoint's config,
+previous X is unchanged". The written file gets the mode of the file it replaces, or for a new
+file the mode a plain write would give under the umask (never the temporary's). :func:`atomic_write_many` writes a set of files (a checkpoint's config,
 shards and index) the same way and renames them only once all are complete.
 """
 
@@ -157,6 +158,31 @@ def no_space(path: Path, existed: bool) -> NoSpaceError:
     return NoSpaceError(errno.ENOSPC, f"no space left on device while writing {path}; {after}")
 
 
+def umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only swap it, which races
+    with any thread creating a file meanwhile); the swap only where ``/proc`` does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def target_mode(path: Path) -> int:
+    """The permission bits a write of ``path`` leaves: those of the file it replaces, else what a
+    plain ``open(path, "w")`` gives under the umask (``0o666 & ~umask``). Writers such as
+    safetensors create their temporary 0600, which would make a shared checkpoint unreadable."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~umask()
+
+
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
@@ -212,6 +238,7 @@ def atomic_write_many(folder: str | os.PathLike, writers: dict[str, Callable[[Pa
             _remove_stale(folder / name)
             temps[name] = _temp_name(folder / name)
             write(temps[name])
+            os.chmod(temps[name], target_mode(folder / name))
             fsync_file(temps[name])
     except BaseException as err:
         for tmp in temps.values():
@@ -240,6 +267,7 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     tmp = _temp_name(path)
     try:
         yield tmp
+        os.chmod(tmp, target_mode(path))
         fsync_file(tmp)
     except BaseException as err:
         tmp.unlink(missing_ok=True)

@@ -34,6 +34,7 @@ from dlm_toolkit.files import atomic_write, atomic_write_many, is_disk_full, no_
 from dlm_toolkit.models.checkpoint import INDEX, SINGLE, remove_stale_weights, save_model
 from dlm_toolkit.models.llada2 import LLaDA2MoeModelLM
 from dlm_toolkit.tasks import Task
+from dlm_toolkit.training_claim import check_destination, checkpoint_bytes, claim
 from dlm_toolkit.tokenizer import build_char_tokenizer, save_tokenizer, special_ids
 from dlm_toolkit.training_config import TrainConfig, load_train_config
 from dlm_toolkit.training_objective import (Batch, Row, block_diffusion_attn_mask, canvas_tokens, corruption_candidates,
@@ -158,20 +159,71 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
     an error (a fresh run would overwrite it).
 
     ``out_dir`` must not hold a checkpoint or any file this writes (:func:`check_out`) unless
-    ``overwrite`` (or ``resume``: the interrupted run already accepted the folder). Nothing is
-    created in it before the first resume point or the final checkpoint.
+    ``overwrite`` (or ``resume``: the interrupted run already accepted the folder). Everything
+    the run needs is checked before step 1 (:func:`check_before_work`), then the run claims
+    ``out`` (:func:`~dlm_toolkit.training_claim.claim`: a second run into it is refused while this
+    one lives). Besides that claim's lock file, removed at the end, nothing is created in ``out``
+    before the first resume point or the final checkpoint.
     """
-    from tqdm.auto import tqdm
-
     if not isinstance(config, TrainConfig):
         config = load_train_config(config)
     from dlm_toolkit.runtime import resolve_device, resolve_threads
 
-    from dlm_toolkit import training_resume
-
     device = resolve_device(config.device)  # before anything is written: a bad device loses nothing
     threads = resolve_threads(config.threads, small_model=True) if config.threads else None
     out = Path(out_dir)
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(config.seed)  # before the build: its default init draws from the global generator
+    model = build_model(config, tokenizer)  # init_from read and checked here: nothing written yet
+    check_before_work(config, tokenizer, out, sum(p.numel() for p in model.parameters()))
+    with claim(out):  # one run per folder, from here to the end (a second one is refused at once)
+        return _train(config, out, tokenizer, model.to(device), device, threads, tracking_uri, progress, resume,
+                      overwrite)
+
+
+def check_before_work(config: TrainConfig, tokenizer: Any, out: Path, n_params: int) -> None:
+    """Everything a run needs later, checked before step 1 so that no mistake surfaces after the
+    last step: the eval policy (``eval_preset``, a preset or a policy file) and the canvases of
+    training batches and evals against ``max_position_embeddings``, ``out`` (its nearest existing
+    ancestor a writable folder) and the free space for the largest write.
+
+    Raises:
+        ConfigError: naming the field (``eval_preset``, ``max_position_embeddings``, ``out``).
+    """
+    from dlm_toolkit.policy import DecodingPolicy
+
+    try:
+        policy = DecodingPolicy(config.eval_preset)
+    except (ValueError, TypeError) as err:  # ConfigError is a ValueError
+        raise ConfigError(f"eval_preset: {err}") from None
+    enc = tokenizer.encode
+    block = policy.blocks.block_length
+    for name in config.tasks:
+        task = config.task(name)
+        longest = max(len(enc(i.prompt, add_special_tokens=False)) for i in task.instances(64, config.seed, "train"))
+        need = -(-(longest + task.answer_length + 1) // max(config.block_lengths)) * max(config.block_lengths)
+        if need > config.max_position_embeddings:
+            raise ConfigError(f"max_position_embeddings: task '{name}' needs canvases of {need} positions "
+                              f"(got {config.max_position_embeddings})")
+        if config.eval_n:
+            longest = max(len(enc(i.prompt, add_special_tokens=False)) for i in task.instances(config.eval_n, 0, "eval"))
+            need = -(-(longest + task.answer_length + 1) // block) * block
+            if need > config.max_position_embeddings:
+                raise ConfigError(f"eval_preset: {config.eval_preset!r} decodes task '{name}' in blocks of {block}: "
+                                  f"canvases of {need} positions, past max_position_embeddings "
+                                  f"{config.max_position_embeddings}")
+    check_destination(out, checkpoint_bytes(n_params,
+                                            2 if config.save_dtype == "bfloat16" else 4,
+                                            0 < config.checkpoint_interval < config.steps))
+
+
+def _train(config: TrainConfig, out: Path, tokenizer: Any, model: LLaDA2MoeModelLM, device: torch.device, threads: int | None,
+           tracking_uri: str | None, progress: bool, resume: bool, overwrite: bool) -> Path:
+    """:func:`train` once its inputs are checked and ``out`` is claimed."""
+    from tqdm.auto import tqdm
+
+    from dlm_toolkit import training_resume
+
     found = training_resume.find(out)
     point = training_resume.load(found, config.model_dump(mode="json")) if resume and found else None
     if resume and found is None:
@@ -183,13 +235,10 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
         check_out(out, overwrite)
     if threads:
         torch.set_num_threads(threads)
-    torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
 
-    tokenizer = build_char_tokenizer()
     mask_id, eos_id = special_ids(tokenizer)
-    model = build_model(config, tokenizer).to(device)
     opt = make_optimizer(model, config)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
     names = list(config.tasks)
@@ -198,11 +247,6 @@ def train(config: TrainConfig, out_dir: str | Path, tracking_uri: str | None = N
     cands = {n: corruption_candidates(tasks[n], tokenizer, eos_id, config.corrupt_tokens) for n in names}
     longest = {n: max(len(tokenizer.encode(i.prompt, add_special_tokens=False))
                       for i in tasks[n].instances(64, config.seed, "train")) for n in names}
-    for n in names:
-        need = -(-(longest[n] + tasks[n].answer_length + 1) // max(config.block_lengths)) * max(config.block_lengths)
-        if need > config.max_position_embeddings:
-            raise ConfigError(f"max_position_embeddings: task '{n}' needs canvases of {need} positions "
-                              f"(got {config.max_position_embeddings})")
 
     mlflow = None
     if tracking_uri:

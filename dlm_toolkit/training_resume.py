@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from typing import Any, Callable
 import torch
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import InputFileError, NoSpaceError, fsync_file, fsync_folder, is_disk_full, parse_json, read_regular
+from dlm_toolkit.files import (InputFileError, NoSpaceError, fsync_file, fsync_folder, is_disk_full, parse_json,
+                               read_regular, target_mode)
 
 MAX_STATE_BYTES = 256 << 20  # state.json: config, loss history and evals of a long run
 
@@ -94,6 +96,7 @@ def save(out: Path, point: ResumePoint) -> Path:
         for name, write in _point_files(point).items():  # state.json last: it marks the point complete
             current = tmp / name
             write(current)
+            os.chmod(current, target_mode(final / name))
             fsync_file(current)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)

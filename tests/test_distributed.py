@@ -2,6 +2,8 @@
 give exactly the single-process tokens and NFE; each rank's shard sums to the whole model."""
 
 import json
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -199,3 +201,85 @@ def test_a_rank_whose_peer_vanished_still_exits(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rank 0 done" in proc.stdout and time.perf_counter() - t0 < 45
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]  # the failed barrier is expected, not reported
+
+
+# -- ranks agree or all stop ------------------------------------------------------------------
+
+
+def _per_rank(tmp_path: Path, ckpts: dict[int, Path | None], seeds: tuple[int, int] = (3, 3),
+              dtypes: tuple[str, str] = ("float32", "float32")) -> subprocess.CompletedProcess:
+    """`dlm decode` on 2 gloo ranks, each started in its own folder ``r<RANK>`` holding its own
+    ``ckpt`` (a copy, or none): the command line names the same relative ``ckpt`` on both ranks."""
+    for rank, ckpt in ckpts.items():
+        (tmp_path / f"r{rank}").mkdir()
+        if ckpt is not None:
+            shutil.copytree(ckpt, tmp_path / f"r{rank}" / "ckpt")
+    script = ('cd "r$RANK" && if [ "$RANK" = 0 ]; then S={0}; D={2}; else S={1}; D={3}; fi && exec {4} decode '
+              '--checkpoint ckpt --prompt-ids 5,9,2 --gen-length 8 --seed "$S" --dtype "$D" --device cpu'
+              ).format(*seeds, *dtypes, DLM)
+    return run_bounded([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c", script],
+                       timeout=180, cwd=tmp_path)
+
+
+def _rank_errors(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode != 0 and proc.stdout == "", proc.stdout
+    assert "Traceback" not in proc.stderr.replace("Traceback (most recent call last)", "") or "error: " in proc.stderr
+    return [line.split("error: ", 1)[1] for line in proc.stderr.splitlines() if "error: " in line]
+
+
+@pytest.mark.parametrize("case", ["seed", "weights", "missing"])
+def test_ranks_that_differ_all_stop_naming_the_rank_and_the_field(random_checkpoint, tmp_path, case):
+    """Another seed, other weights behind the same path, or no checkpoint on rank 1: every rank
+    exits 2 with one line naming the field, before loading weights (the agreeing case is
+    test_two_gloo_ranks_decode_exactly_like_one_process; dtypes and files: the unit tests below)."""
+    other = tmp_path / "other"
+    save_model(tiny_llada2(8, num_key_value_heads=1, num_experts=16, num_experts_per_tok=4, n_group=4,
+                           topk_group=2, num_hidden_layers=3), other)  # same architecture, other weights
+    ckpts = {0: random_checkpoint, 1: {"weights": other, "missing": None}.get(case, random_checkpoint)}
+    proc = _per_rank(tmp_path, ckpts, seeds=(3, 4) if case == "seed" else (3, 3))
+    errors = _rank_errors(proc)
+    expected = {
+        "seed": "ranks disagree on argument 9 (--seed): rank 0 has '3', rank 1 has '4';",
+        "weights": "ranks disagree on argument 3 (--checkpoint) content of ckpt: rank 0 has '",
+        "missing": "ranks disagree on argument 3 (--checkpoint) content of ckpt: rank 0 has '",
+    }[case]
+    # torchrun stops the other rank once one exits, so under load not both may print; none hangs
+    assert 1 <= len(errors) <= 2 and all(e.startswith(expected) for e in errors), proc.stderr[-3000:]
+    if case == "missing":
+        assert all(e.split("rank 1 has ")[1].startswith("'missing'") for e in errors), errors
+    assert "exitcode  : 2" in proc.stderr
+
+
+def test_run_fields_name_every_argument_and_digest_the_files_they_name(tmp_path):
+    from dlm_toolkit.distributed import file_digest, run_fields
+
+    (tmp_path / "p.json").write_text('{"a": 1}')
+    base = ["dlm", "decode", "--checkpoint", str(tmp_path), "--policy", str(tmp_path / "p.json"), "--seed", "3",
+            "--dtype=float32", "-1.5"]
+    fields = run_fields(base)
+    assert fields["argument 7 (--seed)"] == "3" and fields["argument 8 (--dtype)"] == "float32"
+    assert fields["argument 9 (positional)"] == "-1.5"  # a negative number is a value, not an option
+    policy = f"argument 5 (--policy) content of {tmp_path / 'p.json'}"
+    assert fields[policy] == file_digest(str(tmp_path / "p.json"))
+    (tmp_path / "p.json").write_text('{"a": 2}')
+    assert run_fields(base)[policy] != fields[policy]
+    assert run_fields(base)[f"argument 3 (--checkpoint) content of {tmp_path}"] != \
+        fields[f"argument 3 (--checkpoint) content of {tmp_path}"]  # a file in the folder changed
+    assert run_fields([*base[:4], "--policy", str(tmp_path / "gone.json")])[
+        f"argument 5 (--policy) content of {tmp_path / 'gone.json'}"] == "missing"
+
+
+def test_a_large_file_digest_sees_a_changed_sample_and_its_size(tmp_path):
+    from dlm_toolkit.distributed import SAMPLES, SMALL_FILE, file_digest
+
+    size = SMALL_FILE * 4
+    data = bytearray(size)
+    (tmp_path / "w").write_bytes(data)
+    first = file_digest(str(tmp_path / "w"))
+    at = size * 3 // (SAMPLES + 1) + 10  # inside the third sample
+    data[at] = 1
+    (tmp_path / "w").write_bytes(data)
+    assert file_digest(str(tmp_path / "w")) != first
+    data[at] = 0
+    (tmp_path / "w").write_bytes(bytes(data) + b"\0")  # one byte longer, samples all zero
+    assert file_digest(str(tmp_path / "w")) != first

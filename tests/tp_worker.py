@@ -32,11 +32,11 @@ POLICIES = {
 }
 
 
-def run_bounded(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def run_bounded(cmd: list[str], timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run a launcher and its ranks in their own session from the repository root, one thread
     each; on timeout kill the whole process group."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

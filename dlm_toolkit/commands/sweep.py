@@ -151,7 +151,11 @@ def open_hints(storage: str, tracking_uri: str, study_name: str, experiment_id: 
 def cmd_pareto(args: argparse.Namespace) -> int:
     from dlm_toolkit.sweep.pareto import format_table, summarize, write_all
     from dlm_toolkit.sweep.storage import load_study
+    from dlm_toolkit.sweep.uris import check_sqlite_folder, check_store_kind
 
+    if not args.no_log:  # before anything is opened: a refused command writes nothing
+        check_sqlite_folder(args.tracking_uri, "tracking URI")
+        check_store_kind(args.tracking_uri, "tracking URI", "mlflow")
     study = load_study(args.storage, args.study_name)
     summary = summarize(study)
     logged = None

@@ -54,9 +54,10 @@ from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
 from dlm_toolkit.sweep.storage import new_sqlite_files, remove_unused
 from dlm_toolkit.sweep.storage import (DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFAULT_STORAGE, DEFAULT_TRACKING_URI,
-                                       StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet)
+                                       StorageLost, create_or_resume, lost_connection, open_storage, optuna_quiet,
+                                       quiet_storage_threads, root_line)
 from dlm_toolkit.sweep.tracking import Tracker, TrackingLost
-from dlm_toolkit.sweep.uris import check_sqlite_folder, hide_password
+from dlm_toolkit.sweep.uris import check_sqlite_folder, check_store_kind, hide_password
 from dlm_toolkit.sweep.trials import Counts, TrialRunner, grid_exhausted
 from dlm_toolkit.sweep.worker import dismiss, run_workers, worker_command
 
@@ -80,10 +81,10 @@ class SweepResult:
 
 def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_interval: int = DEFAULT_HEARTBEAT,
                     grace_period: int | None = None, device: str | None = None,
-                    dtype: str | None = None) -> tuple[Any, Any, Any, Tracker]:
+                    dtype: str | None = None, store: Any = None) -> tuple[Any, Any, Any, Tracker]:
     """Open everything a sweep needs, or fail with a ConfigError before any trial runs.
 
-    Returns ``(model, tokenizer, storage, tracker)``.
+    Returns ``(model, tokenizer, storage, tracker)``; ``store``: the storage, already open.
     """
     from dlm_toolkit.evaluate import check_task_context, load_checkpoint
     from dlm_toolkit.policy import DecodingPolicy
@@ -100,7 +101,7 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
     needed = max(map(len, prompts)) + task.answer_length + 1
     for source in (exp.base_policy, *exp.presets_to_enqueue):
         check_task_context(model, needed, DecodingPolicy(source), exp.task)
-    store = open_storage(storage, heartbeat_interval, grace_period)
+    store = store if store is not None else open_storage(storage, heartbeat_interval, grace_period)
     tracker = Tracker(tracking_uri, exp.mlflow_experiment)
     return model, tokenizer, store, tracker
 
@@ -185,20 +186,33 @@ def run_sweep(
     if exp.allow_import:  # the experiment opted in to package.module:Class names
         set_allow_imports(True)
 
+    for url, what, kind in ((storage, "storage", "optuna"), (tracking_uri, "tracking URI", "mlflow")):
+        check_sqlite_folder(url, what)  # before any worker starts, and before either store is written
+        check_store_kind(url, what, kind)
     dtype = dtype or exp.dtype
     placement = place_workers(workers, device or exp.device, devices, dtype)
     workers = len(placement)
     name = study_name or exp.default_name
-    # Workers 1..K-1 start now: their imports (torch, MLflow, Optuna; seconds) overlap the checks
-    # below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
-    spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
-               for _ in range(1, workers)]
+    # Workers 1..K-1 start once the storage answers: their imports (torch, MLflow, Optuna; seconds)
+    # overlap the checks below. They wait for their orders on stdin; if the checks fail, EOF sends them home.
     created = new_sqlite_files(storage, tracking_uri)
+    spawned: list[subprocess.Popen] = []
     try:
+        # the storage answers before any worker starts (a server URL that does not is one line, no workers)
+        store = open_storage(storage, heartbeat_interval, grace_period)
+        spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
+                   for _ in range(1, workers)]
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
-                                                           grace_period, placement[0], dtype)
-        study = create_or_resume(exp, store, name)
-        enqueue_presets(study, exp)
+                                                           grace_period, placement[0], dtype, store=store)
+        try:
+            study = create_or_resume(exp, store, name)
+            enqueue_presets(study, exp)
+        except Exception as err:
+            if isinstance(err, ConfigError) or lost_connection(err) is None:
+                raise
+            raise StorageLost(f"storage {hide_password(storage)!r}: {root_line(err)} while preparing study "
+                              f"{name!r}; no trial ran. Mend the storage (free space, write permission) and run "
+                              "the same command again") from None
         parent = tracker.parent_run(name, storage, exp.settings(), exp.source)
     except BaseException:
         dismiss(spawned)
@@ -214,11 +228,12 @@ def run_sweep(
         torch.set_num_threads(threads or (saved_threads if workers == 1 else max(1, (os.cpu_count() or 1) // workers)))
         runner = TrialRunner(exp, study, storage, n_trials, tracker, parent, model, tokenizer, echo=bar.write,
                              reconnect_s=reconnect_s)
-        if workers == 1:
-            counts = runner.run(on_progress=bar.update)
-        else:
-            counts = run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
-                                 heartbeat_interval, grace_period, bar, runner, placement, dtype)
+        with quiet_storage_threads():
+            if workers == 1:
+                counts = runner.run(on_progress=bar.update)
+            else:
+                counts = run_workers(exp, storage, tracking_uri, name, n_trials, parent, spawned,
+                                     heartbeat_interval, grace_period, bar, runner, placement, dtype)
         status = "FINISHED" if counts.counted >= n_trials or grid_exhausted(study) else "FAILED"
     finally:
         dismiss(spawned)

@@ -105,6 +105,7 @@ class TrialRunner:
         self.exp, self.study, self.storage_url, self.n_trials = exp, study, storage_url, n_trials
         self.tracker, self.parent_run_id = tracker, parent_run_id
         self.reconnect_s = reconnect_s
+        self.storage_failure: BaseException | None = None
         if model is None:
             from dlm_toolkit.evaluate import load_checkpoint
 
@@ -186,6 +187,9 @@ class TrialRunner:
             trial.set_user_attr("interrupted", True)
             raise
         except Exception as err:
+            if lost_connection(err) is not None:  # the storage failed, not the policy: the loop handles it
+                self.storage_failure = err
+                raise
             message = f"{type(err).__name__}: {err}"
             trial.set_user_attr("error", message)
             self.echo(f"trial {trial.number} FAILED: {message}")
@@ -286,6 +290,9 @@ class TrialRunner:
                 except KeyboardInterrupt:
                     self._requeue_interrupted()
                     raise
+                if self.storage_failure is not None:  # optimize() caught it: run() waits or gives up
+                    failure, self.storage_failure = self.storage_failure, None
+                    raise failure
                 if self.tracker.lost is not None:  # optimize() caught it; the sweep cannot go on without MLflow
                     self._requeue_interrupted()
                     raise self.tracker.lost

@@ -59,8 +59,61 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def check_utf8(uri: str, what: str) -> None:
+    """Refuse a URL whose bytes were not UTF-8 (Python hands such command-line bytes over as lone
+    surrogates, which SQLAlchemy and SQLite cannot encode: a traceback, later)."""
+    from dlm_toolkit.commands.common import prompt_text
+
+    prompt_text(uri, what)
+
+
+OPTUNA_TABLES = frozenset({"studies", "trials"})
+MLFLOW_TABLES = frozenset({"experiments", "runs"})
+
+
+def sqlite_tables(db: Path, what: str, uri: str) -> set[str]:
+    """The tables of SQLite file ``db``, read without writing a byte (``mode=ro``).
+
+    Raises:
+        ConfigError: the file is not an SQLite database (or cannot be read).
+    """
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        con = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True)
+        try:
+            return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as err:
+        raise ConfigError(f"{what} {hide_password(uri)!r}: {db} is not a readable SQLite database ({err})") from None
+
+
+def check_store_kind(uri: str, what: str, kind: str) -> None:
+    """Refuse an existing SQLite file that holds another store than ``kind`` (``"optuna"`` or
+    ``"mlflow"``) -- typically ``--storage`` and ``--tracking-uri`` swapped -- before either
+    library creates its tables in it. A missing or empty file is left to the caller."""
+    db = sqlite_file(uri)
+    if db is None or not db.is_file() or db.stat().st_size == 0:
+        return
+    with creation_lock(uri):  # not halfway through another process's schema creation
+        tables = sqlite_tables(db, what, uri)
+    want, other, names = ((OPTUNA_TABLES, MLFLOW_TABLES, ("an Optuna storage", "an MLflow tracking store"))
+                          if kind == "optuna" else (MLFLOW_TABLES, OPTUNA_TABLES,
+                                                    ("an MLflow tracking store", "an Optuna storage")))
+    if not tables or want <= tables:
+        return
+    if other <= tables:
+        raise ConfigError(f"{what} {hide_password(uri)!r}: {db} is {names[1]}, not {names[0]} "
+                          "(--storage and --tracking-uri swapped?)")
+    shown = ", ".join(sorted(tables)[:5]) + (" ..." if len(tables) > 5 else "")
+    raise ConfigError(f"{what} {hide_password(uri)!r}: {db} is not {names[0]} (its tables: {shown})")
+
+
 def check_sqlite_folder(uri: str, what: str) -> None:
     """A clear error for ``sqlite:///missing/folder/x.db`` (SQLite would say 'unable to open')."""
+    check_utf8(uri, what)
     try:
         db = sqlite_file(uri)
     except Exception as err:

@@ -21,7 +21,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.registry import imports_allowed, set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
-from dlm_toolkit.sweep.storage import open_storage, optuna_quiet
+from dlm_toolkit.sweep.storage import open_storage, optuna_quiet, quiet_storage_threads
 from dlm_toolkit.sweep.tracking import Tracker
 from dlm_toolkit.sweep.trials import Counts, TrialRunner
 
@@ -131,7 +131,8 @@ def worker_main(payload: Mapping[str, Any]) -> int:
     runner = TrialRunner(exp, study, payload["storage"], int(payload["n_trials"]), tracker,
                          payload["parent_run_id"], device=payload.get("device"), dtype=payload.get("dtype"),
                          reconnect_s=float(payload["reconnect_s"]))
-    runner.run()
+    with quiet_storage_threads():
+        runner.run()
     return 0
 
 
