@@ -43,7 +43,7 @@ class TrainConfig(BaseModel):
     topk_group: int = Field(2, ge=1, le=64)
     first_k_dense_replace: int = Field(1, ge=0, le=48)
     routed_scaling_factor: float = Field(2.5, gt=0.0, le=100.0)
-    rope_theta: float = Field(600000.0, gt=0.0, le=1e9)
+    rope_theta: float = Field(600000.0, gt=1.0, le=1e9)  # as the model config: (1, ...], else the model build refuses it after the claim
     max_position_embeddings: int = Field(256, ge=16, le=65536)
     initializer_range: float = Field(0.02, gt=0.0, le=1.0)
 

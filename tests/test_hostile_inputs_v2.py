@@ -469,3 +469,13 @@ def test_an_empty_mlflow_experiment_is_refused(name, ok, tmp_path, capsys):
         return
     line = run_cli(["sweep", str(exp), "--storage", f"sqlite:///{tmp_path}/o.db", "--no-progress"], capsys, tmp_path)
     assert f"exp.yaml: mlflow_experiment: must name an MLflow experiment (got {name!r})" in line, line
+
+
+def test_training_rope_theta_has_the_model_configs_bound():
+    """A training config's rope_theta is refused where the model config would refuse it (after
+    the output folder was claimed), with 1 itself the edge and a value just above it accepted."""
+    from dlm_toolkit.training_config import load_train_config
+
+    with pytest.raises(ConfigError, match="rope_theta"):
+        load_train_config({"rope_theta": 1.0})
+    assert load_train_config({"rope_theta": 1.5}).rope_theta == 1.5
