@@ -6,6 +6,7 @@ on the testbed. Fixtures: tests/fixtures/bigcodebench (official format, written 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,29 @@ def test_a_report_of_many_failing_tests_stays_within_the_pipe():
     assert not result.passed and result.tests_run == 300 and len(result.failed) == 200
     assert result.reason.startswith("failed: test_000_") and " and 100 more (test_000_" in result.reason
     assert sum(bool(trace) for trace in result.failed.values()) == 20
+
+
+def test_a_library_folder_under_tmp_is_bound_over_the_sandboxs_own_tmp():
+    """A venv under /tmp (a checkout there, as CI may have) stays visible: its read-only bind is
+    mounted after the sandbox's /tmp tmpfs, not hidden beneath it. Near miss: without the bind the
+    same module is not found."""
+    import shutil
+    import tempfile
+
+    from dlm_toolkit.tasks.unittest_box import LibraryEnv, library_env
+
+    top = tempfile.mkdtemp(prefix="dlm-libbind-", dir="/tmp")
+    try:
+        site = os.path.join(top, "site")
+        os.makedirs(os.path.join(site, "dlm_probe_pkg"))
+        with open(os.path.join(site, "dlm_probe_pkg", "__init__.py"), "w") as f:
+            f.write("VALUE = 1\n")
+        for folder, dirs, files in os.walk(top):  # readable to the sandbox's leased uid
+            os.chmod(folder, 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)
+        python = library_env().python
+        assert probe_modules(["dlm_probe_pkg"], env=LibraryEnv(python=python, binds=(site,))) == {"dlm_probe_pkg": True}
+        assert probe_modules(["dlm_probe_pkg"], env=LibraryEnv(python=python, binds=())) == {"dlm_probe_pkg": False}
+    finally:
+        shutil.rmtree(top)

@@ -126,13 +126,15 @@ def bwrap_argv(info: SandboxInfo, env: dict[str, str], tmp_bytes: int = 64 << 20
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(tmp_bytes)), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(int(workdir_bytes)), "--perms", "0700", "--tmpfs", "/sandbox"]
+    # bubblewrap mounts in order: the read-only binds come after the tmpfs mounts, so an interpreter or a
+    # library folder under /tmp (a checkout or venv there) is bound over the empty tmpfs, not hidden by it
     prefix = prefix_of(info.bwrap_python)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
     for folder in ro_binds:
         argv += ["--ro-bind", folder, folder]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(tmp_bytes)), "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", str(int(workdir_bytes)), "--perms", "0700", "--tmpfs", "/sandbox"]
     argv += ["--chdir", "/sandbox", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
