@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from dlm_toolkit.evaluate import evaluate, load_checkpoint
 
 import sweep_helpers as h
 from sweep_helpers import restore_torch_threads  # noqa: F401
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
@@ -70,10 +73,18 @@ def broken(tmp_path_factory):
         (["--checkpoint", "{ckpt}", "--set", "m2t.params.threshold=3"], "m2t.params.threshold"),
         (["--checkpoint", "{ckpt}", "--preset", "nope"], "unknown preset"),
         (["--checkpoint", "{ckpt}", "--tracking-uri", "sqlite:///{missing}/x/mlflow.db"], "does not exist"),
+        (["--checkpoint", "{ckpt}", "--task-arg", "unsafe_exec=true"], "--task-arg: unsafe_exec has its own flag: pass --unsafe-exec"),
+        (["--checkpoint", "{ckpt}", "--task-arg", "data=x"], "--task-arg: data has its own flag: pass --data"),
+        (["--checkpoint", "{ckpt}", "--task-arg", "max_digits"], "--task-arg: expected KEY=VALUE"),
+        (["--checkpoint", "{ckpt}", "--task-arg", "max-digits=3"], "--task-arg: expected KEY=VALUE"),
+        (["--checkpoint", "{ckpt}", "--task-arg", "max_digits=3", "--task-arg", "max_digits=4"], "--task-arg: max_digits given twice"),
+        (["--checkpoint", "{ckpt}", "--task-arg", "frobnicate=1"], "unexpected keyword argument 'frobnicate'"),
+        (["--checkpoint", "{ckpt}", "--task", "livecodebench", "--data", "{fixtures}/livecodebench/test.jsonl",
+          "--task-arg", "release_version=release_v99"], "release_version: 'release_v99' is not one of"),
     ],
 )
 def test_eval_bad_input_exits_2_with_one_line(broken, capsys, args, fragment):
-    paths = {"ckpt": h.checkpoint(), **broken}
+    paths = {"ckpt": h.checkpoint(), "fixtures": FIXTURES, **broken}
     argv = [*BASE, *[a.format(**paths) for a in args]]
     # later flags win: --task/--n given again override BASE
     assert main(argv) == 2
@@ -84,3 +95,26 @@ def test_eval_bad_input_exits_2_with_one_line(broken, capsys, args, fragment):
 def test_eval_subprocess_exit_code_and_no_traceback(tmp_path):
     proc = h.dlm(*BASE, "--checkpoint", str(h.checkpoint()), "--task", "multiply", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "available tasks" in proc.stderr
+
+
+def test_task_args_reach_the_task_with_json_values_and_text_otherwise():
+    """``--task-arg`` options arrive at the task's constructor: JSON where the value parses (numbers,
+    booleans), the text itself where it does not (a date, a release name)."""
+    from dlm_toolkit.cli import build_parser
+    from dlm_toolkit.commands.common import task_options
+    from dlm_toolkit.tasks import get_task
+
+    def options(*extra):
+        args = build_parser().parse_args(["eval", "--checkpoint", "x", "--n", "1", *extra])
+        return task_options(args)
+
+    lcb = options("--task", "livecodebench", "--task-arg", "release_version=release_v5",
+                  "--task-arg", "start_date=2024-08-01", "--task-arg", "timeout_s=2.5")
+    assert {k: lcb[k] for k in ("release_version", "start_date", "timeout_s")} == {
+        "release_version": "release_v5", "start_date": "2024-08-01", "timeout_s": 2.5}
+    bcb = options("--task", "bigcodebench", "--data", str(FIXTURES / "bigcodebench"), "--task-arg", "split=instruct",
+                  "--task-arg", "subset=hard", "--task-arg", f"hard_ids={FIXTURES / 'bigcodebench' / 'hard_ids.txt'}")
+    task = get_task("bigcodebench", **bcb)
+    assert (task.split, task.subset) == ("instruct", "hard")
+    assert options("--task", "add", "--task-arg", "max_digits=3")["max_digits"] == 3  # an int, not "3"
+    assert options("--task", "add") == {"chat": "auto"}  # no --task-arg: nothing added

@@ -133,6 +133,10 @@ def add_task_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--unsafe-exec", action="store_true",
                    help="code tasks (humaneval, mbpp, humaneval_plus, mbpp_plus, livecodebench): where the bubblewrap sandbox is "
                         "unavailable, run generated code with process-level limits only (default: refuse)")
+    g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="another option of the task's constructor, repeatable (VALUE read as JSON where it parses, "
+                        "else as text): e.g. livecodebench release_version=release_v5 start_date=2024-08-01, "
+                        "bigcodebench split=instruct subset=hard hard_ids=FILE")
 
 
 def task_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,4 +159,38 @@ def task_options(args: argparse.Namespace) -> dict[str, Any]:
         options["answer_length"] = args.gen_length
     if args.unsafe_exec and cls is not None and "unsafe_exec" in inspect.signature(cls).parameters:
         options["unsafe_exec"] = True
+    options.update(parse_task_args(getattr(args, "task_arg", []) or []))
+    return options
+
+
+# options a --task-arg may not set: each has its own flag (and unsafe_exec is a privilege, granted by the
+# flag a person types, never by a KEY=VALUE that a script or a copied command line could carry along)
+OWN_FLAGS = {"data": "--data", "chat": "--chat", "system": "--system", "answer_length": "--gen-length",
+             "unsafe_exec": "--unsafe-exec"}
+
+
+def parse_task_args(items: list[str]) -> dict[str, Any]:
+    """``--task-arg KEY=VALUE`` items as constructor options: VALUE as JSON where it parses (numbers,
+    true/false/null, quoted text, lists), else as the text itself (``release_v5``, ``2024-08-01``).
+
+    Raises:
+        ConfigError: one line for an item without ``=``, a key that is not a Python name, a key given
+            twice, or one that its own flag sets (named).
+    """
+    import json
+
+    options: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise ConfigError(f"--task-arg: expected KEY=VALUE with KEY an option name (got {item!r})")
+        if key in OWN_FLAGS:
+            raise ConfigError(f"--task-arg: {key} has its own flag: pass {OWN_FLAGS[key]}")
+        if key in options:
+            raise ConfigError(f"--task-arg: {key} given twice")
+        try:
+            options[key] = json.loads(text)
+        except ValueError:
+            options[key] = text
     return options
