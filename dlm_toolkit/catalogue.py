@@ -14,7 +14,8 @@ from dlm_toolkit.registry import REGISTRIES, plugin_status
 
 def summary(cls: type) -> str:
     """First line of the class docstring, else of its module's docstring."""
-    doc = inspect.getdoc(cls) if cls.__doc__ else (sys.modules[cls.__module__].__doc__ or "")
+    # a class can outlive its module's sys.modules entry (a plug-in loaded from a file, a test that unloads it)
+    doc = inspect.getdoc(cls) if cls.__doc__ else (getattr(sys.modules.get(cls.__module__), "__doc__", None) or "")
     return doc.strip().splitlines()[0] if doc and doc.strip() else ""
 
 
