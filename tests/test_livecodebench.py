@@ -8,6 +8,7 @@ import base64
 import copyreg
 import io
 import json
+import os
 import pickle
 import pickletools
 import shutil
@@ -210,6 +211,11 @@ def _global_blob() -> str:
     (lambda r: r.update(metadata=json.dumps({"func_name": "f"}),
                         public_test_cases=json.dumps([{"input": "[1", "output": "1", "testtype": "functional"}])),
      "public_test_cases", "not JSON"),
+    (lambda r: r.update(metadata="[" * 65 + "]" * 65), "metadata", "nested 65 levels deep; at most 64"),
+    (lambda r: r.update(public_test_cases="[" * 5000 + "]" * 5000), "public_test_cases", "nested 5000 levels deep"),
+    (lambda r: r.update(metadata=json.dumps({"func_name": "f"}), public_test_cases=json.dumps(
+        [{"input": "[" * 100_000 + "]" * 100_000, "output": "1", "testtype": "functional"}])),
+     "public_test_cases", "nested 100000 levels deep"),
 ])
 def test_every_malformed_field_is_one_line_naming_file_line_and_field(tmp_path, mutate, field, what):
     path = tmp_path / "test.jsonl"
@@ -413,3 +419,25 @@ def test_the_sweep_experiment_validates():
     data["task_args"] = {**data["task_args"], "data": str(FIXTURES), "release_version": "release_v2"}
     exp = load_experiment(data)
     assert exp.task_args["start_date"] == "2024-08-01" and exp.task_args["end_date"] == "2025-05-01"
+
+
+def test_release_files_are_read_only_as_regular_files_with_the_shared_depth_bound(tmp_path):
+    """A JSON line nested 100,000 deep, a FIFO and a /proc file of size 0 are one line each (no
+    RecursionError, no hang, no endless read); near miss: a record whose metadata nests exactly 64
+    levels loads."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DataError, match=r"deep.jsonl:1: JSON nested 100000 levels deep; at most 64"):
+        get_task("livecodebench", data=str(deep), unsafe_exec=True)
+    fifo = tmp_path / "release.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="must be a regular file, this is a FIFO"):
+        get_task("livecodebench", data=str(fifo), unsafe_exec=True)
+    with pytest.raises(DataError, match="of size 0"):
+        get_task("livecodebench", data="/proc/self/pagemap", unsafe_exec=True)
+    rows = _rows()
+    meta = json.loads(rows[0]["metadata"])
+    rows[0]["metadata"] = json.dumps({**meta, "nest": json.loads("[" * 63 + "]" * 63)})  # 64 levels with the object
+    ok = tmp_path / "test.jsonl"
+    ok.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert get_task("livecodebench", data=str(ok), unsafe_exec=True).eval_size == len(rows)

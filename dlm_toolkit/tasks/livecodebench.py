@@ -46,12 +46,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json
 
 from .base import Instance
 from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
 from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
 from .sandbox import SandboxResult, check_isolation, run_tests
 from .stdio import call_candidate, call_tests, run_timeout, stdio_candidate, stdio_tests
+
+MAX_RELEASE_BYTES = 64 << 30  # one release file; the official ones are a few GB, read a line at a time
 
 __all__ = ["FIELDS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
 
@@ -128,8 +131,8 @@ def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) ->
             out.append((test["input"], test["output"]))
             continue
         try:
-            args = [json.loads(line) for line in test["input"].split("\n")]
-            expected = json.loads(test["output"])
+            args = [_json(line) for line in test["input"].split("\n")]
+            expected = _json(test["output"])
         except json.JSONDecodeError as exc:
             raise where.error(field, f"test {k} of a call-based problem: an input line or the output is not "
                                      f"JSON ({exc.msg})") from None
@@ -137,9 +140,18 @@ def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) ->
     return out
 
 
+def _json(text: str) -> Any:
+    """``json.loads`` with the shared depth bound: the JSON strings inside a record's fields (metadata,
+    tests, their inputs) are not seen by the line's own depth check, and json recurses per level."""
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise json.JSONDecodeError(f"nested {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted", text, 0)
+    return json.loads(text)
+
+
 def _loads(text: str, where: _Where, field: str, what: str = "not JSON") -> Any:
     try:
-        return json.loads(text)
+        return _json(text)
     except json.JSONDecodeError as exc:
         raise where.error(field, f"{what} ({exc.msg} at column {exc.colno})") from None
 
@@ -162,7 +174,7 @@ def decode_private(text: Any, where: _Where, max_bytes: int) -> Any:
     if not isinstance(text, str):
         raise where.error(field, f"must be a string, found {type(text).__name__}")
     try:
-        return json.loads(text)
+        return _json(text)
     except json.JSONDecodeError:
         pass
     try:
@@ -244,8 +256,8 @@ class LiveCodeBenchTask(BenchmarkTask):
     def _files(self, data: str | Path | None) -> list[Path]:
         if data is not None and str(data) != "":
             folder, where = Path(data).expanduser(), "data"
-            if folder.is_file():
-                return [folder]
+            if folder.exists() and not folder.is_dir():
+                return [folder]  # one release file: checked as every file is, in _read
         else:
             root = os.environ.get(DATA_ENV) or DEFAULT_ROOT
             folder = Path(root).expanduser() / self.source.folder
@@ -271,6 +283,15 @@ class LiveCodeBenchTask(BenchmarkTask):
         return raw
 
     def _read(self, path: Path) -> list[Instance]:
+        # streamed line by line (release files run to gigabytes), so only the file's kind is checked here, as
+        # the shared data reader checks it: a FIFO, a device or a /proc file that reports size 0 is refused
+        try:
+            size = check_regular(path, MAX_RELEASE_BYTES, "a LiveCodeBench release file")
+        except InputFileError as err:
+            raise DataError(str(err)) from None
+        if size == 0:
+            raise DataError(f"{path}: a LiveCodeBench release file of size 0 (empty, or a /proc or /sys file that "
+                            "is never read): no problems")
         out = []
         with path.open("rb") as f:
             number = 0
@@ -287,10 +308,10 @@ class LiveCodeBenchTask(BenchmarkTask):
         return out
 
     def _record(self, raw: bytes, where: _Where) -> dict[str, Any]:
-        try:
-            record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"{where.path}:{where.line}: not a JSON line ({exc})") from None
+        try:  # the shared parser: UTF-8 and the nesting depth checked before json decodes it
+            record = parse_json(raw, f"{where.path}:{where.line}")
+        except InputFileError as exc:
+            raise DataError(f"{exc} (a JSON line)") from None
         _check_fields(record, FIELDS, f"{where.path}:{where.line}")
         for field in ("question_title", "question_content", "question_id", "contest_date", "starter_code"):
             if not isinstance(record[field], str):
