@@ -21,12 +21,16 @@ GPU memory while capturing is an error naming the shapes to make smaller.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal, get_args
 
+import pydantic
 import torch
+from torch.utils import _pytree as pytree
 
 CaptureMode = Literal["eager", "compile", "cuda_graphs"]
 
@@ -35,6 +39,92 @@ RECOMPILE_LIMIT = 64
 runner may see); ``"compile"`` raises ``torch._dynamo.config.recompile_limit`` to at least this."""
 
 Key = tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
+
+
+class Uncapturable(ValueError):
+    """A value a function to capture closes over has no canonical form (:func:`closure_key`): the
+    function is run eagerly instead of replaying a capture that might have been made for another value."""
+
+
+class Channel(dict):  # type: ignore[type-arg]
+    """A dict a captured function writes its results into while it is traced (not an input of the
+    capture): :func:`closure_key` leaves it out."""
+
+
+PLAIN = (type(None), bool, int, str, bytes)
+
+
+def closure_key(fn: Callable[..., Any]) -> Hashable:
+    """The key of everything ``fn`` closes over: its code object, and its free variables' and default
+    arguments' values, canonicalised (:func:`canonical`): two functions with equal keys compute the
+    same thing from the same tensor arguments, so one capture serves both. Module globals are not part
+    of it (constants of the code's module). Raises :class:`Uncapturable` naming the first value with no
+    canonical form."""
+    return canonical(fn, fn.__name__ if hasattr(fn, "__name__") else "fn", set())
+
+
+def canonical(value: Any, path: str, active: set[int]) -> Hashable:
+    """A hashable stand-in for ``value`` that equals another's iff the two are interchangeable as
+    constants of a capture: ints/strs/bytes/None/bools as they are, floats by ``repr`` (so NaN
+    equals NaN and ``1`` differs from ``1.0`` and ``True``), tuples/lists/sets/dicts by their items,
+    dtypes and devices by name, classes and code objects as themselves, a pytree spec by ``str``, a
+    pydantic model by its class and JSON, a strategy (an object with a pydantic ``config``) by its
+    class, config JSON and every other attribute, a frozen dataclass by its fields, a function by its
+    closure (recursively). Anything else (a tensor, an arbitrary object) raises :class:`Uncapturable`
+    naming ``path``."""
+    kind = type(value)
+    if kind in PLAIN:
+        return (kind.__name__, value)
+    if kind is float:
+        return ("float", repr(value))
+    if isinstance(value, (torch.dtype, torch.device)):
+        return (kind.__name__, str(value))
+    if isinstance(value, (type, types.CodeType)):
+        return value
+    if isinstance(value, enum.Enum):
+        return (kind, value.name)
+    if isinstance(value, Channel):
+        return ("channel",)
+    if isinstance(value, pytree.TreeSpec):
+        return ("treespec", str(value))
+    if id(value) in active:  # a cycle (a function closing over itself): its key is being built
+        return ("cycle", path)
+    active.add(id(value))
+    try:
+        return _compound(value, path, active)
+    finally:
+        active.discard(id(value))
+
+
+def _compound(value: Any, path: str, active: set[int]) -> Hashable:
+    kind = type(value)
+    if isinstance(value, (tuple, list)):
+        return (kind.__name__, tuple(canonical(v, f"{path}[{i}]", active) for i, v in enumerate(value)))
+    if isinstance(value, (set, frozenset)):
+        return (kind.__name__, tuple(sorted((canonical(v, f"{path}{{}}", active) for v in value), key=repr)))
+    if isinstance(value, Mapping):
+        items = [(canonical(k, f"{path} key", active), canonical(v, f"{path}[{k!r}]", active)) for k, v in value.items()]
+        return (kind.__name__, tuple(sorted(items, key=repr)))
+    if isinstance(value, pydantic.BaseModel):
+        return (kind, value.model_dump_json())
+    if isinstance(value, types.FunctionType):
+        cells = value.__closure__ or ()
+        free = tuple((name, canonical(cell.cell_contents, f"{path}.{name}", active))
+                     for name, cell in zip(value.__code__.co_freevars, cells))
+        defaults = canonical(value.__defaults__, f"{path} defaults", active)
+        kwdefaults = canonical(value.__kwdefaults__, f"{path} defaults", active)
+        return ("fn", value.__code__, free, defaults, kwdefaults)
+    if isinstance(value, types.MethodType):
+        return ("method", canonical(value.__func__, path, active), canonical(value.__self__, path, active))
+    config = getattr(value, "config", None)
+    if isinstance(config, pydantic.BaseModel) and hasattr(value, "__dict__"):  # a strategy: config + whatever else it holds
+        rest = {k: v for k, v in vars(value).items() if k != "config"}
+        return (kind, config.model_dump_json(), canonical(rest, f"{path}.__dict__", active))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        return (kind, tuple(canonical(getattr(value, f.name), f"{path}.{f.name}", active)
+                            for f in dataclasses.fields(value)))
+    raise Uncapturable(f"{path} is a {kind.__module__}.{kind.__qualname__}, which has no canonical form "
+                       "(a capture could not tell two of them apart)")
 
 
 class HostReadError(RuntimeError):

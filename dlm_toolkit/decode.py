@@ -215,6 +215,7 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
         eos_token_id=state.eos_token_id,
         batch_rows=state.batch_size,
         live=live,
+        outputs=policy.hook_outputs,
     )
     ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx

@@ -18,6 +18,16 @@ stage                              when
 ``after_write(ctx, state)``        after the canvas write, before the block schedule reacts
 =================================  ====================================================================
 
+A hook declares the outputs it writes to the context in :attr:`StepHook.outputs` (name ->
+:class:`~dlm_toolkit.strategy.Output`: shape over the step and dtype); the context carries them in
+one namespace, ``ctx.hooks`` (:class:`~dlm_toolkit.strategy.HookOutputs`), which refuses anything
+else, naming the hook. When the policy is built, :func:`collect` refuses a hook method that looks like
+a stage but is none (``after_forwards``, ``before_rules``, ``check_policies``: it would never run), a
+stage overridden with another number of arguments, a malformed declaration, and two hooks declaring
+one output, each as one :class:`~dlm_toolkit.config.ConfigError` naming the hook. A hook that replaces
+``ctx.commit/edit/remask`` is recorded (:class:`HookStages`), so a step check that finds a selection
+outside its role's region names the hook that put the position there, not the rule.
+
 Every stage defaults to nothing; the loop calls only the stages a hook overrides (:class:`HookStages`),
 so a policy without hooks runs exactly the plain step. Hooks hold no per-decode state (a policy
 is shared between decodes); whatever a step needs lives on the context or the decode state. Hooks
@@ -26,9 +36,12 @@ run on the device: no host reads (errors go through the step's checks or the eng
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+import difflib
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.strategy import Declared, HookOutputs, Output
 
 if TYPE_CHECKING:
     from dlm_toolkit.engine import StepEngine
@@ -44,7 +57,9 @@ STAGES = ("after_forward", "after_rules", "after_write")  # the per-step stages,
 class StepHook:
     """Base of a step hook: every stage a no-op (module docstring). Override the stages you need."""
 
-    name = "hook"  # how messages name the hook
+    name = "hook"  # how messages name the hook (the default: by its class, see label())
+    # the outputs the hook sets on ctx.hooks: name -> shape over the step and dtype (module docstring)
+    outputs: ClassVar[Mapping[str, Output]] = {}
 
     def key(self) -> Hashable:
         """Hooks with equal keys are one hook (the first collected is kept): e.g. two rules that read
@@ -80,8 +95,72 @@ class StepHook:
         """After the step's write, before the block schedule ends converged blocks."""
 
 
+def label(hook: StepHook) -> str:
+    """How messages name ``hook``: its ``name``, else (the default ``"hook"``) its class."""
+    return hook.name if hook.name != StepHook.name else f"step hook '{type(hook).__qualname__}'"
+
+
+# the stages a hook may override: every public method of StepHook (stages added to it are known at once)
+KNOWN = tuple(n for n, v in vars(StepHook).items() if not n.startswith("_") and callable(v))
+STAGE_PREFIXES = ("after_", "before_", "check_", "on_")
+# names near a stage that the prefixes miss (a typo there would silently never run)
+NEAR_MISSES = ("afterforward", "afterrules", "afterwrite", "forward_budgets", "engine_option", "budget_sources",
+               "checkpolicy", "checkmodel")
+RESERVED = frozenset(n for n in dir(HookOutputs) if not n.startswith("__")) | {"writer"}
+
+
+def check_hook(hook: StepHook) -> None:
+    """Refuse, naming the hook: a method that looks like a stage but is none, a stage overridden with a
+    signature the loop cannot call, and a malformed ``outputs`` declaration (module docstring)."""
+    who = label(hook)
+    for cls in type(hook).__mro__:
+        if cls is StepHook or cls is object or not issubclass(cls, StepHook):
+            continue
+        for name, value in vars(cls).items():
+            if name.startswith("_") or not callable(getattr(hook, name, None)) or isinstance(value, type):
+                continue
+            if name in KNOWN:
+                _check_signature(hook, who, name)
+            elif (name.startswith(STAGE_PREFIXES) or name in NEAR_MISSES
+                  or difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.85)):
+                raise ConfigError(f"{who}: method {type(hook).__qualname__}.{name}() is not a hook stage and would "
+                                  f"never run (known stages: {', '.join(KNOWN)})")
+    outputs = hook.outputs
+    if not isinstance(outputs, Mapping):
+        raise ConfigError(f"{who}: outputs must map output names to dlm_toolkit.strategy.Output, got "
+                          f"{type(outputs).__name__}")
+    for name, out in outputs.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in RESERVED:
+            raise ConfigError(f"{who}: output name {name!r} must be a Python identifier, not starting with '_' and "
+                              f"not one of {', '.join(sorted(RESERVED))}")
+        problem = out.problem() if isinstance(out, Output) else f"must be an Output, got {type(out).__name__}"
+        if problem is not None:
+            raise ConfigError(f"{who}: output '{name}': {problem}")
+
+
+def _check_signature(hook: StepHook, who: str, stage: str) -> None:
+    base = [p for p in inspect.signature(getattr(StepHook, stage)).parameters.values()][1:]  # without self
+    try:
+        sig = inspect.signature(getattr(hook, stage))
+    except (TypeError, ValueError):  # a builtin or a callable object without a signature: trust it
+        return
+    try:
+        sig.bind(*[None] * len(base))
+    except TypeError:
+        want = ", ".join(p.name for p in base)
+        raise ConfigError(f"{who}: stage {type(hook).__qualname__}.{stage}{sig} cannot be called as "
+                          f"{stage}({want}) (the loop passes {len(base)} argument{'s' if len(base) != 1 else ''})"
+                          ) from None
+
+
+def declared(hooks: Sequence[StepHook]) -> dict[str, Declared]:
+    """Every output the hooks declare, by name, with the declaring hook's label."""
+    return {name: Declared(out, label(h)) for h in hooks for name, out in h.outputs.items()}
+
+
 def collect(policy: DecodingPolicy) -> list[StepHook]:
-    """The hooks the policy's rules ask for (role order, one per key), each checked against the policy."""
+    """The hooks the policy's rules ask for (role order, one per key), each checked (:func:`check_hook`,
+    one owner per output) and then checked against the policy."""
     hooks: list[StepHook] = []
     seen: set[Hashable] = set()
     for role in ROLES:
@@ -94,18 +173,50 @@ def collect(policy: DecodingPolicy) -> list[StepHook]:
             if hook.key() not in seen:
                 seen.add(hook.key())
                 hooks.append(hook)
+    owner: dict[str, StepHook] = {}
+    for hook in hooks:
+        check_hook(hook)
+        for name in hook.outputs:
+            if name in owner:
+                raise ConfigError(f"{label(owner[name])} and {label(hook)} both declare the output '{name}': they "
+                                  "cannot be combined in one policy")
+            owner[name] = hook
     for hook in hooks:
         hook.check_policy(policy)
     return hooks
 
 
+SELECTIONS = ("commit", "edit", "remask")
+ROLE_SELECTION = {"m2t": "commit", "t2t": "edit", "remask": "remask"}  # the selection each rule role fills
+
+
+def _as_writer(hook: StepHook, stage: str) -> Callable[..., None]:
+    """``hook.<stage>`` run as the context's current writer: its ``ctx.hooks`` writes are its own, and
+    each selection it replaces is recorded with the selection before it (``ctx.replaced``)."""
+    method, who = getattr(hook, stage), label(hook)
+
+    def run(ctx: StepContext, *args: Any) -> None:
+        before = [getattr(ctx, sel) for sel in SELECTIONS]
+        ctx.hooks.writer = who
+        try:
+            method(ctx, *args)
+        finally:
+            ctx.hooks.writer = None
+        for sel, old in zip(SELECTIONS, before):
+            if old is not None and getattr(ctx, sel) is not old:  # identity only: no host read
+                ctx.replaced.append((who, sel, old))
+
+    run.__qualname__ = f"{type(hook).__qualname__}.{stage}"
+    return run
+
+
 class HookStages:
     """The per-step stages of a list of hooks, each holding only the hooks that override it (so an
-    empty stage costs one loop over an empty list)."""
+    empty stage costs one loop over an empty list), each run as the context's writer (:func:`_as_writer`)."""
 
     def __init__(self, hooks: Sequence[StepHook]):
         def overriding(stage: str) -> list[Callable[..., None]]:
-            return [getattr(h, stage) for h in hooks if getattr(type(h), stage) is not getattr(StepHook, stage)]
+            return [_as_writer(h, stage) for h in hooks if getattr(type(h), stage) is not getattr(StepHook, stage)]
 
         self.after_forward = overriding("after_forward")
         self.after_rules = overriding("after_rules")

@@ -56,7 +56,7 @@ import torch
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import COUNTERS, DecodeState
-from dlm_toolkit.strategy import StepContext
+from dlm_toolkit.strategy import Output, StepContext
 
 if TYPE_CHECKING:
     from dlm_toolkit.policy import DecodingPolicy
@@ -94,6 +94,9 @@ class Indel:
 class IndelHook(StepHook):
     """Insert/delete edits as a step hook: after the write, :func:`indel_step`; the rule's
     :meth:`~Indel.max_indel_forwards` adds to the per-block bound."""
+
+    outputs = {"insert": Output(("B", "W"), torch.bool, "slots a mask was inserted before"),
+               "delete": Output(("B", "W"), torch.bool, "slots whose token was deleted")}
 
     def __init__(self, rule: Indel):
         self.rule = rule
@@ -169,7 +172,7 @@ def shift_block(tokens: torch.Tensor, written_step: torch.Tensor, written_conf: 
 def indel_step(state: DecodeState, ctx: StepContext, rule: Indel) -> None:
     """Ask ``rule`` for this step's inserts and deletes and apply them to ``state`` (after the
     step's write, before the block schedule reacts): canvas, provenance, counters, ``block_masked``,
-    the error flag the engine reads; ``ctx.insert/delete`` get what was applied and ``ctx.post`` is
+    the error flag the engine reads; ``ctx.hooks.insert/delete`` get what was applied and ``ctx.post`` is
     cleared in rows whose block changed (module docstring)."""
     from dlm_toolkit.decode import window_slots
 
@@ -194,7 +197,7 @@ def indel_step(state: DecodeState, ctx: StepContext, rule: Indel) -> None:
     state.block_masked[ctx.rows] += masks_in
     changed = (insert | delete).any(1)
     ctx.post = ctx.post & ~changed
-    ctx.insert, ctx.delete = insert, delete
+    ctx.hooks.insert, ctx.hooks.delete = insert, delete
     flag(state, ctx, bad_insert, bad_delete, overflow, region)
 
 

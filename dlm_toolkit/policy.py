@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
-from dlm_toolkit.hooks import StepHook, collect
+from dlm_toolkit.hooks import ROLE_SELECTION, StepHook, collect, declared
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -18,6 +18,7 @@ from dlm_toolkit.strategy import (
     Selection,
     StepContext,
     Strategy,
+    StrategyError,
     UnmaskRule,
 )
 
@@ -59,10 +60,6 @@ def check_budgets(policy: DecodingPolicy) -> None:
                               f"{FORWARDS_PER_POSITION} forwards per window position ({width}) + {FORWARDS_FLOOR}")
 
 
-class StrategyError(RuntimeError):
-    """A rule broke its role's contract (wrong shape, forbidden positions, no progress)."""
-
-
 class DecodingPolicy:
     """M2T + T2T + block schedule + remask + sampling, with the invariants enforced.
 
@@ -80,6 +77,7 @@ class DecodingPolicy:
         # what the rules add to the step (verification, shadow block, insert/delete, plug-ins), checked
         # against the policy here: the decode loop runs these at fixed stages (dlm_toolkit.hooks)
         self.hooks: list[StepHook] = collect(self)
+        self.hook_outputs = declared(self.hooks)  # what ctx.hooks holds (dlm_toolkit.strategy.HookOutputs)
         check_budgets(self)
 
     def forward_limit(self) -> int:
@@ -205,8 +203,9 @@ class StepChecks:
             region, what = ALLOWED[failed]
             outside = getattr(ctx, {"m2t": "commit", "t2t": "edit", "remask": "remask"}[failed]) & ~region(ctx)
             r, w = (int(v) for v in outside.nonzero()[0])
+            who = ctx.selected_by(ROLE_SELECTION[failed], r, w) or f"{rule.role} rule '{rule.name}'"
             raise StrategyError(
-                f"{rule.role} rule '{rule.name}' selected position {int(ctx.positions[r, w])} of batch row "
+                f"{who} selected position {int(ctx.positions[r, w])} of batch row "
                 f"{int(ctx.rows[r])}, which is not {what}"
             )
         if failed == "progress":

@@ -35,6 +35,7 @@ import torch
 from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.strategy import Output
 
 if TYPE_CHECKING:
     from dlm_toolkit.engine import StepEngine
@@ -59,6 +60,9 @@ class ShadowHook(StepHook):
     """The shadow block as a step hook: the engine appends it to every forward, and after the
     forward ``ctx.shadow_confidence`` is filled from its logits (module docstring)."""
 
+    outputs = {"shadow_confidence": Output(("B", "W"), torch.float32,
+                                           "p(written token | its block without it); 0 elsewhere")}
+
     def __init__(self, who: str):
         self.name = who  # the first rule that reads the shadow block
 
@@ -80,7 +84,7 @@ class ShadowHook(StepHook):
 
     def after_forward(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
         if engine.shadow_logits is not None:
-            ctx.shadow_confidence = shadow_confidence(ctx, engine.shadow_logits, state)
+            ctx.hooks.shadow_confidence = shadow_confidence(ctx, engine.shadow_logits, state)
 
 
 def add_shadow(state: DecodeState, blocks: object, live: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,

@@ -45,6 +45,149 @@ class cached_property:  # noqa: N801 - functools.cached_property without its loc
         return value
 
 
+class StrategyError(RuntimeError):
+    """A rule or a step hook broke its contract (wrong shape, forbidden positions, no progress)."""
+
+
+DIMS = {"B": "rows of the step", "W": "window slots", "V": "vocabulary"}
+SCALARS = (float, int, bool)  # the dtypes of a shape-() output: a Python number (a constant of a captured rule)
+
+
+@dataclass(frozen=True)
+class Output:
+    """The declaration of one step-hook output (:attr:`dlm_toolkit.hooks.StepHook.outputs`).
+
+    ``shape``: dimensions over the step, each ``"B"`` (rows), ``"W"`` (window slots) or ``"V"``
+    (vocabulary); ``()`` for a Python number. ``dtype``: a ``torch.dtype``; ``"logits"`` for the dtype
+    of the step's logits (the model's); ``float``, ``int`` or ``bool`` for a shape-``()`` number.
+    """
+
+    shape: tuple[str, ...]
+    dtype: torch.dtype | type | str
+    doc: str = ""
+
+    def problem(self) -> str | None:
+        """Why this declaration is malformed (None if it is fine)."""
+        if not isinstance(self.shape, tuple) or any(d not in DIMS for d in self.shape):
+            return f"shape must be a tuple of {', '.join(map(repr, DIMS))} (got {self.shape!r})"
+        if self.shape == ():
+            return None if self.dtype in SCALARS else f"a shape-() output's dtype must be float, int or bool (got {self.dtype!r})"
+        if not (isinstance(self.dtype, torch.dtype) or self.dtype == "logits"):
+            return f"dtype must be a torch.dtype or 'logits' (got {self.dtype!r})"
+        return None
+
+    def describe(self, window: tuple[int, ...], vocab: int, logits_dtype: torch.dtype | None) -> str:
+        """The expected value in words, with the step's sizes (e.g. ``a (2, 8) torch.bool tensor (B, W)``)."""
+        if self.shape == ():
+            return f"a Python {self.dtype.__name__}"  # type: ignore[union-attr]
+        sizes = {"B": window[0], "W": window[1], "V": vocab}
+        dtype = logits_dtype if self.dtype == "logits" else self.dtype
+        return f"a {tuple(sizes[d] for d in self.shape)} {dtype} tensor ({', '.join(self.shape)})"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An output as a policy declares it: the declaration and the hook that declares it."""
+
+    output: Output
+    hook: str
+
+
+class HookOutputs:
+    """The step hooks' outputs of one step (``ctx.hooks``): one attribute per output a hook of the
+    policy declares; None until a hook sets it this step.
+
+    A hook sets its outputs as attributes (``ctx.hooks.verified = rows``) or with :meth:`set`. Each
+    write is checked against the declaration on metadata only (no host read): an undeclared name,
+    another hook's output, a wrong shape or dtype is a :class:`StrategyError` naming the hook, the
+    output, what was declared and what came. Reading a name no hook declares is an error naming the
+    declared ones (a typo in a rule is not a silent None).
+    """
+
+    __slots__ = ("_declared", "_values", "_window", "_vocab", "_logits_dtype", "writer")
+
+    def __init__(self, declared: Mapping[str, Declared] | None = None, window: tuple[int, ...] = (0, 0),
+                 vocab: int = 0, logits_dtype: torch.dtype | None = None):
+        object.__setattr__(self, "_declared", dict(declared or {}))
+        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_window", tuple(window))
+        object.__setattr__(self, "_vocab", int(vocab))
+        object.__setattr__(self, "_logits_dtype", logits_dtype)
+        object.__setattr__(self, "writer", None)  # the hook whose stage runs now (dlm_toolkit.hooks.HookStages)
+
+    @property
+    def declared(self) -> Mapping[str, Declared]:
+        """Every output the policy's hooks declare, by name."""
+        return self._declared
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.read(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "writer":
+            object.__setattr__(self, name, value)
+            return
+        self.set(self.writer, name, value)
+
+    def read(self, name: str) -> Any:
+        """The output ``name`` this step (None while unset); :class:`StrategyError` if no hook declares it."""
+        if name in self._values:
+            return self._values[name]
+        if name in self._declared:
+            return None
+        have = ", ".join(f"{n} ({d.hook})" for n, d in self._declared.items()) or "none"
+        raise StrategyError(f"ctx.hooks.{name}: no step hook of this policy declares an output '{name}' "
+                            f"(declared outputs: {have})")
+
+    def get(self, name: str) -> Any:
+        """The output ``name`` if set this step, else None (also where nothing declares it)."""
+        return self._values.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """The outputs set so far this step, in the order they were set."""
+        return tuple(self._values)
+
+    def set(self, hook: Any, name: str, value: Any) -> None:
+        """Set output ``name`` as ``hook`` (a :class:`~dlm_toolkit.hooks.StepHook` or its name; None:
+        whichever hook declares it), checked against the declaration (class docstring)."""
+        declared = self._declared.get(name)
+        who = getattr(hook, "name", hook) if hook is not None else (declared.hook if declared else None)
+        label = f"step hook {who}" if who is not None else "a step hook"
+        if declared is None:
+            own = [n for n, d in self._declared.items() if d.hook == who]
+            raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output it does not declare (its declared "
+                                f"outputs: {', '.join(own) or 'none'}; declare it in the hook's `outputs`)")
+        if who != declared.hook:
+            raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output of step hook {declared.hook}")
+        out = declared.output
+        if not self._fits(out, value):
+            raise StrategyError(f"{label}: output '{name}' must be "
+                                f"{out.describe(self._window, self._vocab, self._logits_dtype)}, got {_describe(value)}")
+        self._values[name] = value
+
+    def _fits(self, out: Output, value: Any) -> bool:
+        if out.shape == ():
+            # bool is an int in Python: a declared int refuses True, a declared float accepts an int
+            return type(value) is out.dtype or (out.dtype is float and type(value) is int)
+        if not isinstance(value, torch.Tensor):
+            return False
+        sizes = {"B": self._window[0], "W": self._window[1], "V": self._vocab}
+        dtype = self._logits_dtype if out.dtype == "logits" else out.dtype
+        return value.dtype == dtype and tuple(value.shape) == tuple(sizes[d] for d in out.shape)
+
+    def _load(self, values: Mapping[str, Any]) -> None:
+        """Set outputs already checked (a captured rule's context is rebuilt from them)."""
+        self._values.update(values)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {tuple(value.shape)} {value.dtype} tensor"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
 @dataclass(frozen=True)
 class Selection:
     """A rule's output when it wants memory: ``select`` ``(B, W)`` bool, ``memory`` anything.
@@ -100,15 +243,37 @@ class StepContext:
                                                 invalid; nothing is written for them)
     ``seeds``               (B,)       long     each row's random key: draw with :meth:`rand`,
                                                 never from a global generator
-    ``shadow_confidence``   (B, W)     float32  probability of each written token of the active
-                                                block with itself hidden (only for a policy with
-                                                a :class:`~dlm_toolkit.shadow.Shadow` rule; else None)
     ``memory``              --         --       ``{role: value}`` returned by rules last step
     ``batch_rows``          int        --       rows in the whole decode batch (N >= B)
+    ``hooks``               --         --       the step hooks' outputs (:class:`HookOutputs`)
     ======================  =========  =======  =================================================
 
     Selections decided earlier in the same step are filled in as the policy goes:
     ``commit`` before ``t2t`` runs, ``edit`` before ``remask`` runs.
+
+    What the policy's step hooks (:mod:`dlm_toolkit.hooks`) add lives in one typed namespace,
+    ``ctx.hooks``: each hook declares its outputs (:attr:`~dlm_toolkit.hooks.StepHook.outputs`) and
+    sets only those, with the declared shape and dtype; a rule reads ``ctx.hooks.<name>`` (None while
+    no hook set it this step; a name no hook of the policy declares is an error). The built-in ones:
+
+    =====================  =========  =======  ====================================================
+    output                 shape      dtype    set by (stage) / meaning
+    =====================  =========  =======  ====================================================
+    ``shadow_confidence``  (B, W)     float32  shadow block (after the forward): probability of each
+                                               written token of the active block with itself
+                                               hidden, 0 elsewhere (:mod:`dlm_toolkit.shadow`)
+    ``verified``           (B,)       bool     verification (after the rules): rows that ran a
+                                               verification forward (:mod:`dlm_toolkit.verify`)
+    ``draft``              (B, W)     long     verification: the window as drafted
+    ``verify_logits``      (B, W, V)  logits   verification: the verification forward's logits
+    ``temperature``        ()         float    verification: the policy's sampling temperature
+    ``insert``             (B, W)     bool     insert/delete (after the write): slots a mask was
+                                               inserted before (:mod:`dlm_toolkit.indel`)
+    ``delete``             (B, W)     bool     insert/delete: slots whose token was deleted
+    =====================  =========  =======  ====================================================
+
+    ``ctx.shadow_confidence``, ``ctx.verified``, ``ctx.insert`` and ``ctx.delete`` read the same
+    outputs (read-only; None where the policy has no hook declaring them).
     """
 
     rows: torch.Tensor
@@ -138,14 +303,40 @@ class StepContext:
     commit: torch.Tensor | None = None
     edit: torch.Tensor | None = None
     remask: torch.Tensor | None = None
-    verified: torch.Tensor | None = None  # (B,) bool: rows that ran a verification forward (dlm_toolkit.verify)
-    insert: torch.Tensor | None = None  # (B, W) bool: slots an insert edit put a mask before (dlm_toolkit.indel)
-    delete: torch.Tensor | None = None  # (B, W) bool: slots whose token a delete edit removed (dlm_toolkit.indel)
-    # (B, W) float32: p(written token | its block without it), from the shadow block (dlm_toolkit.shadow);
-    # set only for a policy with a Shadow rule
-    shadow_confidence: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    hooks: HookOutputs = field(default_factory=lambda: HookOutputs())
     draws: int = 0  # rand() calls so far this step: the draw index of the next one
+    # (hook, selection name, the selection before): each replacement of commit/edit/remask by a step
+    # hook this step, in order (dlm_toolkit.hooks.HookStages records them; see selected_by)
+    replaced: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
+
+    def selected_by(self, selection: str, row: int, slot: int) -> str | None:
+        """The step hook that put window slot ``slot`` of context row ``row`` into ``selection``
+        (``"commit"``, ``"edit"``, ``"remask"``), or None if the rule selected it. A host read: for
+        error messages only."""
+        for who, name, before in reversed(self.replaced):
+            if name == selection and not bool(before[row, slot]):
+                return who
+        return None
+
+    @property
+    def verified(self) -> torch.Tensor | None:
+        """``ctx.hooks.verified`` (None without a verifying rule)."""
+        return self.hooks.get("verified")
+
+    @property
+    def insert(self) -> torch.Tensor | None:
+        """``ctx.hooks.insert`` (None without an insert/delete rule)."""
+        return self.hooks.get("insert")
+
+    @property
+    def delete(self) -> torch.Tensor | None:
+        """``ctx.hooks.delete`` (None without an insert/delete rule)."""
+        return self.hooks.get("delete")
+
+    @property
+    def shadow_confidence(self) -> torch.Tensor | None:
+        """``ctx.hooks.shadow_confidence`` (None without a rule reading the shadow block)."""
+        return self.hooks.get("shadow_confidence")
 
     @classmethod
     def build(
@@ -172,13 +363,15 @@ class StepContext:
         eos_token_id: int,
         batch_rows: int,
         live: torch.Tensor | None = None,
+        outputs: Mapping[str, Declared] | None = None,
     ) -> StepContext:
         """The context of one forward from the canvas window and the logits: derives the masks,
         draws ``sampled``/``confidence`` (:func:`dlm_toolkit.sampling.sample`, keyed by each row's
         seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
         schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
         (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
-        Reads nothing back to the host."""
+        ``outputs``: the hook outputs the policy declares (:func:`dlm_toolkit.hooks.declared`; none
+        by default). Reads nothing back to the host."""
         from dlm_toolkit.sampling import sample
 
         live = torch.ones_like(rows, dtype=torch.bool) if live is None else live
@@ -192,6 +385,7 @@ class StepContext:
             block_step=block_step, block_masked_start=block_masked_start,
             post=live & ~(masked & in_block).any(1), live=live, seeds=seeds,
             memory=memory, mask_token_id=mask_token_id, eos_token_id=eos_token_id, batch_rows=batch_rows,
+            hooks=HookOutputs(outputs or {}, tokens.shape, logits.shape[-1], logits.dtype),
         )
         sampled, confidence, probs = sample(logits, sampling, mask_token_id, ctx.rand)
         ctx.sampled, ctx.confidence = sampled, confidence

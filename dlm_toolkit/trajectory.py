@@ -35,6 +35,9 @@ class StepRecord:
     # per window position: the likeliest token other than the drawn one, and its probability
     runner_up: list[int] = field(default_factory=list)
     runner_up_confidence: list[float] = field(default_factory=list)
+    # per-slot bool outputs of the policy's step hooks other than insert/delete (ctx.hooks), as
+    # positions: output name -> positions it marks (a plug-in hook's outputs are recorded too)
+    marks: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,10 +78,14 @@ class Trajectory:
         lo, hi = state.block_bounds(ctx.rows, ctx.block)
         runner_up, runner_up_p = _runner_up(ctx)
         live = ctx.live.tolist()
-        verified = ctx.verified.tolist() if ctx.verified is not None else [False] * len(live)
+        out = ctx.hooks
+        verified = out.get("verified").tolist() if out.get("verified") is not None else [False] * len(live)
         none = torch.zeros_like(ctx.valid)
-        insert = ctx.insert if ctx.insert is not None else none
-        delete = ctx.delete if ctx.delete is not None else none
+        insert = out.get("insert") if out.get("insert") is not None else none
+        delete = out.get("delete") if out.get("delete") is not None else none
+        # every other per-slot bool output a hook set (a plug-in's), as positions
+        marks = {name: out.get(name) for name in out.names() if name not in ("insert", "delete")
+                 and out.get(name).dtype == torch.bool and out.get(name).shape == ctx.valid.shape}
         for i, row in enumerate(ctx.rows.tolist()):
             if not live[i] or row >= self.n_rows:  # not forwarded now, or padding a batch bucket
                 continue
@@ -104,6 +111,7 @@ class Trajectory:
                     block_lo=int(lo[i]),
                     runner_up=runner_up[i][valid].tolist(),
                     runner_up_confidence=runner_up_p[i][valid].tolist(),
+                    marks={name: pos[m[i]].tolist() for name, m in marks.items()},
                 )
             )
 

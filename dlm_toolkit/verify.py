@@ -47,7 +47,7 @@ from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import COUNTERS
-from dlm_toolkit.strategy import StepContext
+from dlm_toolkit.strategy import Output, StepContext
 
 if TYPE_CHECKING:
     from dlm_toolkit.engine import StepEngine
@@ -99,6 +99,13 @@ class VerifyHook(StepHook):
     """The verification forward as a step hook: after the rules, draft, verify and accept
     (:func:`verify_step`); its forwards count towards the per-block bound."""
 
+    outputs = {
+        "verified": Output(("B",), torch.bool, "rows that ran a verification forward this step"),
+        "draft": Output(("B", "W"), torch.long, "the window as drafted"),
+        "verify_logits": Output(("B", "W", "V"), "logits", "the verification forward's logits"),
+        "temperature": Output((), float, "the policy's sampling temperature"),
+    }
+
     def __init__(self, verifier: Verifier, rule_name: str, temperature: float):
         self.verifier, self.rule_name, self.temperature = verifier, rule_name, temperature
         self.name = f"m2t rule '{rule_name}'"
@@ -133,12 +140,13 @@ def verify_uniform(ctx: StepContext, *trailing: int, dtype: torch.dtype = torch.
 
 def verify_step(engine: StepEngine, verifier: Verifier, ctx: StepContext, temperature: float) -> None:
     """Run the verification of one step: draft, verification forward, acceptance; replace the
-    verifying rows' commits (and the tokens written there) in ``ctx`` and mark them ``ctx.verified``.
-    ``temperature``: the policy's sampling temperature (:func:`sampling_temperature` reads it)."""
+    verifying rows' commits (and the tokens written there) in ``ctx`` and mark them ``ctx.hooks.verified``
+    (with ``ctx.hooks.draft`` and ``verify_logits`` when a verification forward ran). ``temperature``: the
+    policy's sampling temperature (``ctx.hooks.temperature``; :func:`sampling_temperature` reads it)."""
     assert ctx.commit is not None
-    ctx.extras["temperature"] = temperature
+    ctx.hooks.temperature = temperature
     rows = ctx.live & verifier.wants_verify(ctx)
-    ctx.verified = rows
+    ctx.hooks.verified = rows
     if engine.mode == "eager" and not bool(rows.any()):  # a host read, but eager decodes read every step anyway
         return  # (captured decodes forward regardless: nothing real in it, no NFE counted)
     draft = verifier.draft(ctx)
@@ -147,7 +155,7 @@ def verify_step(engine: StepEngine, verifier: Verifier, ctx: StepContext, temper
     keep = rows[:, None]
     ctx.commit = torch.where(keep, commit, ctx.commit)
     ctx.sampled = torch.where(keep & commit, tokens, ctx.sampled)
-    ctx.extras["draft"], ctx.extras["verify_logits"] = draft, logits
+    ctx.hooks.draft, ctx.hooks.verify_logits = draft, logits
 
 
 def verify_forward(engine: StepEngine, ctx: StepContext, rows: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
@@ -219,7 +227,8 @@ def drafted_canvas(canvas: torch.Tensor, ctx: StepContext, draft: torch.Tensor) 
 
 def sampling_temperature(ctx: StepContext) -> float:
     """The sampling temperature of the step (0 where nothing set it, e.g. a hand-built context)."""
-    return float(ctx.extras.get("temperature", 0.0))
+    temperature = ctx.hooks.get("temperature")
+    return 0.0 if temperature is None else float(temperature)
 
 
 def temperature_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

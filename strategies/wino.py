@@ -59,7 +59,8 @@ class WinoShadowNarrowOut(WinoNarrowOut, Shadow):
     itself hidden* (the shadow block, ``ctx.shadow_confidence``) is < tau_2."""
 
     def support(self, ctx: StepContext) -> torch.Tensor:
-        if ctx.shadow_confidence is None:  # a context built by hand, or a policy that bypassed the engine
+        support = ctx.hooks.get("shadow_confidence")
+        if support is None:  # a context built by hand, or a policy that bypassed the engine
             raise StrategyError(f"remask rule '{self.name}' reads ctx.shadow_confidence, which only the decode "
                                 "engine fills (dlm_toolkit.shadow); pass shadow_confidence= to make_context")
-        return ctx.shadow_confidence
+        return support

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from dlm_toolkit.config import SamplingConfig
+from dlm_toolkit.hooks import StepHook, declared
+from dlm_toolkit.shadow import ShadowHook
 from dlm_toolkit.state import row_seeds
 from dlm_toolkit.strategy import StepContext
 
@@ -32,6 +34,8 @@ def make_context(
     sampling: SamplingConfig | None = None,
     memory: dict[str, Any] | None = None,
     shadow_confidence: torch.Tensor | None = None,
+    hooks: Sequence[StepHook] = (),
+    outputs: Mapping[str, Any] | None = None,
 ) -> StepContext:
     """A context over a window starting at position 0, built by the engine's own
     :meth:`StepContext.build` (greedy sampling from ``logits`` unless ``sampling`` says otherwise).
@@ -50,6 +54,9 @@ def make_context(
         seed: the rows' random streams: an int (row r gets ``row_seed(seed, r)``) or one seed per row.
         shadow_confidence: ``(B, W)`` what the engine's shadow block would give (:mod:`dlm_toolkit.shadow`;
             default unset, as in a policy without a shadow rule).
+        hooks: step hooks whose declared outputs ``ctx.hooks`` holds (as a policy with them would).
+        outputs: ``{name: value}`` set in ``ctx.hooks`` as the declaring hook would (checked against
+            its declaration).
     """
     b, w = tokens.shape
     device = tokens.device
@@ -82,10 +89,15 @@ def make_context(
         mask_token_id=mask_token_id,
         eos_token_id=eos_token_id,
         batch_rows=batch_rows if batch_rows is not None else int(rows.max()) + 1,
+        outputs=declared([*hooks, ShadowHook("make_context")] if shadow_confidence is not None else hooks),
     )
     if not torch.equal(ctx.in_block, in_block):
         raise ValueError("in_block must be one interval of positions per row (the active block)")
-    ctx.shadow_confidence = shadow_confidence
+    values = dict(outputs or {})
+    if shadow_confidence is not None:
+        values["shadow_confidence"] = shadow_confidence
+    for name, value in values.items():
+        ctx.hooks.set(None, name, value)  # as the hook declaring it
     if editable_region is not None:
         ctx.editable = ctx.editable & editable_region
     else:
