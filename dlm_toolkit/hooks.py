@@ -41,7 +41,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.strategy import Declared, HookOutputs, Output
+from dlm_toolkit.strategy import Declared, HookOutputs, Output, hook_label
 
 if TYPE_CHECKING:
     from dlm_toolkit.engine import StepEngine
@@ -95,9 +95,7 @@ class StepHook:
         """After the step's write, before the block schedule ends converged blocks."""
 
 
-def label(hook: StepHook) -> str:
-    """How messages name ``hook``: its ``name``, else (the default ``"hook"``) its class."""
-    return hook.name if hook.name != StepHook.name else f"step hook '{type(hook).__qualname__}'"
+label = hook_label  # how messages name a hook: its name, else (the default "hook") its class
 
 
 # the stages a hook may override: every public method of StepHook (stages added to it are known at once)

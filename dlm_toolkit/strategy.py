@@ -153,14 +153,14 @@ class HookOutputs:
         """Set output ``name`` as ``hook`` (a :class:`~dlm_toolkit.hooks.StepHook` or its name; None:
         whichever hook declares it), checked against the declaration (class docstring)."""
         declared = self._declared.get(name)
-        who = getattr(hook, "name", hook) if hook is not None else (declared.hook if declared else None)
-        label = f"step hook {who}" if who is not None else "a step hook"
+        who = hook if isinstance(hook, str) else hook_label(hook) if hook is not None else declared.hook if declared else None
+        label = who if who is not None else "a step hook"
         if declared is None:
             own = [n for n, d in self._declared.items() if d.hook == who]
             raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output it does not declare (its declared "
                                 f"outputs: {', '.join(own) or 'none'}; declare it in the hook's `outputs`)")
         if who != declared.hook:
-            raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output of step hook {declared.hook}")
+            raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output of {declared.hook}")
         out = declared.output
         if not self._fits(out, value):
             raise StrategyError(f"{label}: output '{name}' must be "
@@ -180,6 +180,12 @@ class HookOutputs:
     def _load(self, values: Mapping[str, Any]) -> None:
         """Set outputs already checked (a captured rule's context is rebuilt from them)."""
         self._values.update(values)
+
+
+def hook_label(hook: Any) -> str:
+    """How messages name a step hook: its ``name``, else (the default ``"hook"``) its class."""
+    name = getattr(hook, "name", "hook")
+    return name if name != "hook" else f"step hook '{type(hook).__qualname__}'"
 
 
 def _describe(value: Any) -> str:
@@ -313,9 +319,13 @@ class StepContext:
         """The step hook that put window slot ``slot`` of context row ``row`` into ``selection``
         (``"commit"``, ``"edit"``, ``"remask"``), or None if the rule selected it. A host read: for
         error messages only."""
+        after = getattr(self, selection)
         for who, name, before in reversed(self.replaced):
-            if name == selection and not bool(before[row, slot]):
+            if name != selection:
+                continue
+            if bool(after[row, slot]) and not bool(before[row, slot]):
                 return who
+            after = before
         return None
 
     @property

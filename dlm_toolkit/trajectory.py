@@ -84,8 +84,8 @@ class Trajectory:
         insert = out.get("insert") if out.get("insert") is not None else none
         delete = out.get("delete") if out.get("delete") is not None else none
         # every other per-slot bool output a hook set (a plug-in's), as positions
-        marks = {name: out.get(name) for name in out.names() if name not in ("insert", "delete")
-                 and out.get(name).dtype == torch.bool and out.get(name).shape == ctx.valid.shape}
+        marks = {name: value for name, value in ((n, out.get(n)) for n in out.names()) if name not in ("insert", "delete")
+                 and isinstance(value, torch.Tensor) and value.dtype == torch.bool and value.shape == ctx.valid.shape}
         for i, row in enumerate(ctx.rows.tolist()):
             if not live[i] or row >= self.n_rows:  # not forwarded now, or padding a batch bucket
                 continue
