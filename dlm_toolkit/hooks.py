@@ -13,7 +13,7 @@ stage                              when
 ``check_model(model)``             once per decode, before anything runs (refuse a model)
 ``forward_budget(policy)``         forwards one block may take beyond the schedule's bound
 ``engine_options()``               flags the :class:`~dlm_toolkit.engine.StepEngine` is built with
-``after_forward(ctx, eng, state)`` after the step's forward, before the rules (fill ``ctx`` fields)
+``after_forward(ctx, eng, state)`` after the step's forward, before the rules (set its ``ctx.hooks`` outputs)
 ``after_rules(ctx, eng, state)``   after the rules chose ``commit/edit/remask``, before the write
 ``after_write(ctx, state)``        after the canvas write, before the block schedule reacts
 =================================  ====================================================================

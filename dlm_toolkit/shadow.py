@@ -58,7 +58,7 @@ class Shadow:
 
 class ShadowHook(StepHook):
     """The shadow block as a step hook: the engine appends it to every forward, and after the
-    forward ``ctx.shadow_confidence`` is filled from its logits (module docstring)."""
+    forward ``ctx.hooks.shadow_confidence`` is set from its logits (module docstring)."""
 
     outputs = {"shadow_confidence": Output(("B", "W"), torch.float32,
                                            "p(written token | its block without it); 0 elsewhere")}

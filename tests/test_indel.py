@@ -82,7 +82,7 @@ def test_the_shift_equals_a_plain_list_walk(trial):
         live = torch.tensor([rng.random() < 0.8 for _ in range(n)])
         window_lo = torch.maximum(lo - torch.tensor([rng.randint(0, 3) for _ in range(n)]), torch.zeros_like(lo))
         logits = torch.randn(n, width, vocab)
-        pol = policy("threshold")
+        pol = policy()  # an insert/delete policy: its context declares ctx.hooks.insert/delete
         ctx = decode_module.step_context(pol, state, live, window_lo, hi, logits)
         ctx.commit = ctx.edit = ctx.remask = torch.zeros_like(ctx.valid)
         rate = rng.choice([0.1, 0.3])
