@@ -104,7 +104,7 @@ STAGE_PREFIXES = ("after_", "before_", "check_", "on_")
 # names near a stage that the prefixes miss (a typo there would silently never run)
 NEAR_MISSES = ("afterforward", "afterrules", "afterwrite", "forward_budgets", "engine_option", "budget_sources",
                "checkpolicy", "checkmodel")
-RESERVED = frozenset(n for n in dir(HookOutputs) if not n.startswith("__")) | {"writer"}
+RESERVED = frozenset(n for n in dir(HookOutputs) if not n.startswith("_")) | {"writer"}
 
 
 def check_hook(hook: StepHook) -> None:
