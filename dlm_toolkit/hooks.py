@@ -151,7 +151,7 @@ def _check_signature(hook: StepHook, who: str, stage: str) -> None:
                           ) from None
 
 
-def declared(hooks: Sequence[StepHook]) -> dict[str, Declared]:
+def declared_outputs(hooks: Sequence[StepHook]) -> dict[str, Declared]:
     """Every output the hooks declare, by name, with the declaring hook's label."""
     return {name: Declared(out, label(h)) for h in hooks for name, out in h.outputs.items()}
 

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
-from dlm_toolkit.hooks import ROLE_SELECTION, StepHook, collect, declared
+from dlm_toolkit.hooks import ROLE_SELECTION, StepHook, collect, declared_outputs
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.selection import remaskable
@@ -77,7 +77,7 @@ class DecodingPolicy:
         # what the rules add to the step (verification, shadow block, insert/delete, plug-ins), checked
         # against the policy here: the decode loop runs these at fixed stages (dlm_toolkit.hooks)
         self.hooks: list[StepHook] = collect(self)
-        self.hook_outputs = declared(self.hooks)  # what ctx.hooks holds (dlm_toolkit.strategy.HookOutputs)
+        self.hook_outputs = declared_outputs(self.hooks)  # what ctx.hooks holds (dlm_toolkit.strategy.HookOutputs)
         check_budgets(self)
 
     def forward_limit(self) -> int:

@@ -380,7 +380,7 @@ class StepContext:
         seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
         schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
         (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
-        ``outputs``: the hook outputs the policy declares (:func:`dlm_toolkit.hooks.declared`; none
+        ``outputs``: the hook outputs the policy declares (:func:`dlm_toolkit.hooks.declared_outputs`; none
         by default). Reads nothing back to the host."""
         from dlm_toolkit.sampling import sample
 

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.hooks import StepHook, declared
+from dlm_toolkit.hooks import StepHook, declared_outputs
 from dlm_toolkit.shadow import ShadowHook
 from dlm_toolkit.state import row_seeds
 from dlm_toolkit.strategy import StepContext
@@ -89,7 +89,7 @@ def make_context(
         mask_token_id=mask_token_id,
         eos_token_id=eos_token_id,
         batch_rows=batch_rows if batch_rows is not None else int(rows.max()) + 1,
-        outputs=declared([*hooks, ShadowHook("make_context")] if shadow_confidence is not None else hooks),
+        outputs=declared_outputs([*hooks, ShadowHook("make_context")] if shadow_confidence is not None else hooks),
     )
     if not torch.equal(ctx.in_block, in_block):
         raise ValueError("in_block must be one interval of positions per row (the active block)")
