@@ -45,13 +45,24 @@ class Uncapturable(ValueError):
     """A value a function to capture closes over has no canonical form (:func:`closure_key`): the
     function is run eagerly instead of replaying a capture that might have been made for another value."""
 
+    def __init__(self, kind: type):
+        super().__init__(kind)
+        self.kind = kind
+        self.where: list[str] = []  # the path to the value, innermost first (filled while unwinding)
+
+    def __str__(self) -> str:
+        path = "".join(reversed(self.where))
+        return (f"{path} is a {self.kind.__module__}.{self.kind.__qualname__}, which has no canonical form "
+                "(a capture could not tell two of them apart)")
+
 
 class Channel(dict):  # type: ignore[type-arg]
     """A dict a captured function writes its results into while it is traced (not an input of the
     capture): :func:`closure_key` leaves it out."""
 
 
-PLAIN = (type(None), bool, int, str, bytes)
+PLAIN = frozenset((type(None), bool, int, str, bytes))
+AS_NAMED = (torch.dtype, torch.device)
 
 
 def closure_key(fn: Callable[..., Any]) -> Hashable:
@@ -59,72 +70,89 @@ def closure_key(fn: Callable[..., Any]) -> Hashable:
     arguments' values, canonicalised (:func:`canonical`): two functions with equal keys compute the
     same thing from the same tensor arguments, so one capture serves both. Module globals are not part
     of it (constants of the code's module). Raises :class:`Uncapturable` naming the first value with no
-    canonical form."""
-    return canonical(fn, fn.__name__ if hasattr(fn, "__name__") else "fn", set())
+    canonical form by its path (``fn.rule.__dict__['table']``)."""
+    try:
+        return canonical(fn, set())
+    except Uncapturable as err:
+        err.where.append(getattr(fn, "__name__", "fn"))
+        raise
 
 
-def canonical(value: Any, path: str, active: set[int]) -> Hashable:
+def canonical(value: Any, active: set[int]) -> Hashable:
     """A hashable stand-in for ``value`` that equals another's iff the two are interchangeable as
-    constants of a capture: ints/strs/bytes/None/bools as they are, floats by ``repr`` (so NaN
-    equals NaN and ``1`` differs from ``1.0`` and ``True``), tuples/lists/sets/dicts by their items,
-    dtypes and devices by name, classes and code objects as themselves, a pytree spec by ``str``, a
-    pydantic model by its class and JSON, a strategy (an object with a pydantic ``config``) by its
-    class, config JSON and every other attribute, a frozen dataclass by its fields, a function by its
-    closure (recursively). Anything else (a tensor, an arbitrary object) raises :class:`Uncapturable`
-    naming ``path``."""
+    constants of a capture: ints/strs/bytes/None/bools as they are (with their type, so ``1``,
+    ``1.0`` and ``True`` differ), floats by ``repr`` (NaN equals NaN), tuples/lists/sets/dicts by their
+    items, dtypes and devices by name, classes and code objects as themselves, a pytree spec by
+    ``str``, a pydantic model by its class and JSON, a strategy (an object with a pydantic ``config``)
+    by its class, config JSON and every other attribute, a frozen dataclass by its fields, a function
+    by its code and closure (recursively). Anything else (a tensor, an arbitrary object) raises
+    :class:`Uncapturable`. Per-step cost matters (a captured rule's key is derived every step), so the
+    path to a failing value is only built on failure."""
     kind = type(value)
     if kind in PLAIN:
-        return (kind.__name__, value)
+        return (kind, value)
     if kind is float:
-        return ("float", repr(value))
-    if isinstance(value, (torch.dtype, torch.device)):
-        return (kind.__name__, str(value))
+        return (float, repr(value))
+    if isinstance(value, AS_NAMED):
+        return (kind, str(value))
     if isinstance(value, (type, types.CodeType)):
         return value
+    if isinstance(value, Channel):
+        return Channel
+    if isinstance(value, pytree.TreeSpec):
+        return (pytree.TreeSpec, str(value))
     if isinstance(value, enum.Enum):
         return (kind, value.name)
-    if isinstance(value, Channel):
-        return ("channel",)
-    if isinstance(value, pytree.TreeSpec):
-        return ("treespec", str(value))
     if id(value) in active:  # a cycle (a function closing over itself): its key is being built
-        return ("cycle", path)
+        return ("cycle",)
     active.add(id(value))
     try:
-        return _compound(value, path, active)
+        return _compound(value, kind, active)
     finally:
         active.discard(id(value))
 
 
-def _compound(value: Any, path: str, active: set[int]) -> Hashable:
-    kind = type(value)
+def _items(values: Any, active: set[int], name: Callable[[Any], str]) -> tuple[Hashable, ...]:
+    """The canonical forms of ``values`` (pairs ``(label, value)``); a failure's path gets ``name(label)``."""
+    out = []
+    label = None
+    try:
+        for label, v in values:
+            out.append(canonical(v, active))
+    except Uncapturable as err:
+        err.where.append(name(label))
+        raise
+    return tuple(out)
+
+
+def _compound(value: Any, kind: type, active: set[int]) -> Hashable:
     if isinstance(value, (tuple, list)):
-        return (kind.__name__, tuple(canonical(v, f"{path}[{i}]", active) for i, v in enumerate(value)))
+        return (kind, _items(enumerate(value), active, lambda i: f"[{i}]"))
     if isinstance(value, (set, frozenset)):
-        return (kind.__name__, tuple(sorted((canonical(v, f"{path}{{}}", active) for v in value), key=repr)))
+        return (kind, tuple(sorted(_items(((None, v) for v in value), active, lambda _: "{}"), key=repr)))
     if isinstance(value, Mapping):
-        items = [(canonical(k, f"{path} key", active), canonical(v, f"{path}[{k!r}]", active)) for k, v in value.items()]
-        return (kind.__name__, tuple(sorted(items, key=repr)))
+        keys = _items(((k, k) for k in value), active, lambda k: f" key {k!r}")
+        values = _items(value.items(), active, lambda k: f"[{k!r}]")
+        return (kind, tuple(sorted(zip(keys, values), key=repr)))
     if isinstance(value, pydantic.BaseModel):
         return (kind, value.model_dump_json())
     if isinstance(value, types.FunctionType):
-        cells = value.__closure__ or ()
-        free = tuple((name, canonical(cell.cell_contents, f"{path}.{name}", active))
-                     for name, cell in zip(value.__code__.co_freevars, cells))
-        defaults = canonical(value.__defaults__, f"{path} defaults", active)
-        kwdefaults = canonical(value.__kwdefaults__, f"{path} defaults", active)
-        return ("fn", value.__code__, free, defaults, kwdefaults)
+        code = value.__code__
+        free = _items(zip(code.co_freevars, [c.cell_contents for c in value.__closure__ or ()]), active,
+                      lambda n: f".{n}")
+        defaults = _items((("defaults", value.__defaults__), ("defaults", value.__kwdefaults__)), active,
+                          lambda _: " defaults")
+        return (types.FunctionType, code, free, defaults)
     if isinstance(value, types.MethodType):
-        return ("method", canonical(value.__func__, path, active), canonical(value.__self__, path, active))
+        return (types.MethodType, *_items((("", value.__func__), ("", value.__self__)), active, lambda _: ""))
     config = getattr(value, "config", None)
     if isinstance(config, pydantic.BaseModel) and hasattr(value, "__dict__"):  # a strategy: config + whatever else it holds
         rest = {k: v for k, v in vars(value).items() if k != "config"}
-        return (kind, config.model_dump_json(), canonical(rest, f"{path}.__dict__", active))
+        return (kind, config.model_dump_json(), _items((("", rest),), active, lambda _: ".__dict__"))
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and kind.__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        return (kind, tuple(canonical(getattr(value, f.name), f"{path}.{f.name}", active)
-                            for f in dataclasses.fields(value)))
-    raise Uncapturable(f"{path} is a {kind.__module__}.{kind.__qualname__}, which has no canonical form "
-                       "(a capture could not tell two of them apart)")
+        return (kind, _items(((f.name, getattr(value, f.name)) for f in dataclasses.fields(value)), active,
+                             lambda n: f".{n}"))
+    raise Uncapturable(kind)
 
 
 class HostReadError(RuntimeError):
