@@ -171,7 +171,7 @@ class DynamicBlocksHook(StepHook):
         return [BOUNDS]
 
 
-def raise_bad_bounds(hit: FlagHit) -> str:
+def bounds_message(hit: FlagHit) -> str:
     """The message of a dynamic block proposed outside ``[prompt_len, canvas length)`` or holding no
     position (the :data:`BOUNDS` flag's factory; host reads: only on the way to raising)."""
     state, r = hit.state, hit.row
@@ -188,4 +188,4 @@ def raise_bad_bounds(hit: FlagHit) -> str:
 
 
 # a row's first bad proposal (lo, hi); declared by DynamicBlocksHook
-BOUNDS = DeviceFlag("dynamic_bounds", raise_bad_bounds, payload=2)
+BOUNDS = DeviceFlag("dynamic_bounds", bounds_message, payload=2)

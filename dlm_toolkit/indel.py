@@ -235,7 +235,7 @@ def flag(state: DecodeState, ctx: StepContext, bad_insert: torch.Tensor, bad_del
     set_flag(state, INDEL, hit, payload)
 
 
-def raise_indel_error(hit: FlagHit) -> str:
+def indel_message(hit: FlagHit) -> str:
     """The message of a flagged insert/delete (the :data:`INDEL` flag's factory)."""
     kind, lo, hi, p = hit.payload
     block = f"the active block [{lo}, {hi}) of batch row {hit.row}"
@@ -250,4 +250,4 @@ def raise_indel_error(hit: FlagHit) -> str:
 
 
 # each row's first bad insert/delete edit: (kind, block lo, block hi, position); declared by IndelHook
-INDEL = DeviceFlag("indel", raise_indel_error, payload=4)
+INDEL = DeviceFlag("indel", indel_message, payload=4)
