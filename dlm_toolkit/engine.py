@@ -16,7 +16,8 @@ a small vector read with one ``.tolist()``: whether any row is live, the widest 
 needs from its cached prefix (which of the step widths the forward takes), and every device flag
 set since (:mod:`dlm_toolkit.flags`: the contract checks of the steps since the last read, the
 hooks' flags such as an insert/delete error or a dynamic block outside the canvas, and the
-engine's own schedule errors; a set flag raises there, before anything is returned). Nothing else in the loop reads the device: not the rules, the checks, the
+engine's own schedule errors; a set flag raises there, before anything is returned). Nothing
+else in the loop reads the device: not the rules, the checks, the
 canvas writes, the insert/delete shifts, the block ends or the random draws (counter-based,
 :mod:`dlm_toolkit.rng`). The first read of a decode also gives the prefill's width. Recording a
 trajectory reads every step.
@@ -278,14 +279,17 @@ def _schedule(hit: FlagHit) -> str:
     return f"block schedule '{hit.source.blocks.name}'"
 
 
+# the engine's own schedule errors: a window start back in the KV cache (or a cache boundary outside
+# [cached length, window start]), a window wider than window_width(), a window more than one block
+# past the cache between reads (seen by the forward: self.overflow)
 ENGINE_FLAGS = (BAD_CACHE, TOO_WIDE, OVERFLOW) = (
-    DeviceFlag("bad_cache", lambda hit: (
+    DeviceFlag("window_in_cache", lambda hit: (
         f"{_schedule(hit)} moved a window start back into the KV cache, or declared a cache boundary outside "
         f"[cached length, window start] (batch row {hit.row})")),
-    DeviceFlag("too_wide", lambda hit: (
+    DeviceFlag("window_too_wide", lambda hit: (
         f"{_schedule(hit)} returned a window wider than its window_width() ({hit.source.window_width} positions) "
         f"(batch row {hit.row})")),
-    DeviceFlag("overflow", lambda hit: (
+    DeviceFlag("window_past_cache", lambda hit: (
         f"{_schedule(hit)} moved its window more than one block past the KV cache between host reads; decode with "
         "check_every=1")),
 )

@@ -177,15 +177,15 @@ def test_flag_names_colliding_are_refused_at_policy_build_naming_both_hooks():
     with pytest.raises(ConfigError, match=r"^device flag 'toy_row_flag' is declared by hook 'row_flag' and by "
                                           r"hook 'other'"):
         with_hooks(RowFlag({2: 0}), other)
-    with pytest.raises(ConfigError, match=r"device flag 'too_wide' is declared by hook 'row_flag' and by the step "
-                                          r"engine"):
-        with_hooks(RowFlag({2: 0}, flag_name="too_wide"))
+    with pytest.raises(ConfigError, match=r"device flag 'window_too_wide' is declared by hook 'row_flag' and by the "
+                                          r"step engine"):
+        with_hooks(RowFlag({2: 0}, flag_name="window_too_wide"))
     with pytest.raises(ConfigError, match=r"device flag 'm2t' is declared by the step checks and by hook 'row_flag'"):
         with_hooks(RowFlag({2: 0}, flag_name="m2t"))
     # near miss: distinct names
     other.flag = DeviceFlag("toy_other", _row_message, payload=2)
     pol = with_hooks(RowFlag({2: 0}), other)
-    assert {"toy_row_flag", "toy_other", "m2t", "too_wide"} <= set(pol.flags.owners)
+    assert {"toy_row_flag", "toy_other", "m2t", "window_too_wide"} <= set(pol.flags.owners)
 
 
 def test_device_flags_must_be_device_flag_objects():
@@ -216,8 +216,8 @@ def test_the_board_keeps_each_rows_first_hit_and_raises_the_earliest():
     assert host == [0, 0, 3] + [3, 7, 8, 2, 3, 4, 0, 0, 0]  # b's slab first: it was set first
     with pytest.raises(StrategyError, match=r"^a row 1 step 1 payload \(3, 4\)$"):
         board.raise_first(host, None)
-    # near miss: b hit as early as a: the table's order (a before b) decides
     board.raise_first([0, 0, 0] + [0] * 9, None)  # nothing set: nothing raised
+    # near miss: b hit as early as a: the table's order (a before b) decides; b earlier: b
     with pytest.raises(StrategyError, match=r"^a row 0"):
         board.raise_first([0, 0, 3] + [3, 7, 8, 0, 0, 0, 0, 0, 0], None)
     with pytest.raises(StrategyError, match=r"^b row 2 step 1$"):
