@@ -245,3 +245,14 @@ def test_dynamic_blocks_are_a_hook_refusing_fixed_block_hooks():
     with pytest.raises(ConfigError, match=r"^hook 'fixed' \(a toy block copy\) needs a fixed block layout; "
                                           r"block schedule 'dsb' moves and resizes its block"):
         with_hooks(Fixed(), blocks="dsb")
+
+
+def test_the_shipped_fixed_block_hooks_are_refused_on_dynamic_blocks_naming_both():
+    """The shadow block (a remask rule's) and the verification forward (an M2T rule's) on ``dsb``; near
+    miss: the same rules on semi_ar."""
+    for overrides, who in [({"remask.name": "wino_shadow"}, r"remask rule 'wino_shadow' \(a shadow block\)"),
+                           ({"m2t.name": "s2d2"}, r"m2t rule 's2d2' \(a verification forward\)")]:
+        with pytest.raises(ConfigError, match=rf"^{who} needs a fixed block layout; block schedule 'dsb' moves and "
+                                              "resizes its block"):
+            DecodingPolicy("llada2.1-q", **overrides, **{"blocks.name": "dsb"})
+        assert DecodingPolicy("llada2.1-q", **overrides).hooks
