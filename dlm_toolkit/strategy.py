@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
+from dlm_toolkit.flags import StrategyError
 from dlm_toolkit.state import DecodeState
 
 
@@ -43,10 +44,6 @@ class cached_property:  # noqa: N801 - functools.cached_property without its loc
             return self
         value = obj.__dict__[self.name] = self.fn(obj)
         return value
-
-
-class StrategyError(RuntimeError):
-    """A rule or a step hook broke its contract (wrong shape, forbidden positions, no progress)."""
 
 
 DIMS = {"B": "rows of the step", "W": "window slots", "V": "vocabulary"}
