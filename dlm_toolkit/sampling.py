@@ -56,7 +56,10 @@ def _max_without(probs: torch.Tensor, column: int) -> tuple[torch.Tensor, torch.
     """``(values, indices)`` of the max over the last dim with ``column`` left out (``probs`` is
     restored). ``max`` returns the first maximal index, so this equals the full argmax wherever that
     is not ``column``, and the best other token where it is: greedy + :func:`_never_the_mask` in
-    four small ops instead of nine."""
+    four small ops instead of nine (one when ``column`` is the last, as in most mask-token vocabularies:
+    the max over the others is a slice)."""
+    if column == probs.shape[-1] - 1 and column > 0:
+        return probs[..., :column].max(dim=-1)
     col = probs[..., column]
     saved = col.clone()
     col.fill_(-1.0)

@@ -17,7 +17,7 @@ def top1(score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     returns the first maximal index, the one a stable descending sort ranks first; NaN counts as
     the largest in both): one argmax instead of a sort and a scatter.
     """
-    best = score.masked_fill(~allowed, float("-inf")).argmax(dim=1, keepdim=True)
+    best = torch.where(allowed, score, float("-inf")).argmax(dim=1, keepdim=True)
     return allowed & (torch.arange(score.shape[1], device=score.device) == best)
 
 

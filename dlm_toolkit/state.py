@@ -170,8 +170,9 @@ class DecodeState:
         if self.block_lo is not None:
             assert self.block_hi is not None
             return self.block_lo[rows], self.block_hi[rows]
-        b = self.block[rows] if block is None else block
-        lo = self.origin[rows] + b * self.block_length
+        every = rows is self.all_rows  # every row in order: no gathers by rows
+        b = (self.block if every else self.block[rows]) if block is None else block
+        lo = torch.add(self.origin if every else self.origin[rows], b, alpha=self.block_length)
         return lo, lo + self.block_length
 
     def masked_in_block(self, rows: torch.Tensor) -> torch.Tensor:
