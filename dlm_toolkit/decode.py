@@ -190,9 +190,12 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
     live rows)."""
     rows = state.all_rows
     width = logits.shape[1]
-    positions = hi[:, None] - width + torch.arange(width, device=state.device)  # (N, W)
+    positions = (hi[:, None] - width) + state.offsets(width)  # (N, W)
     idx = positions.clamp(0, state.canvas.shape[1] - 1)
     block_lo, block_hi = state.block_bounds(rows)
+    # copies, since the engine updates these in place after the rules ran: one stack, not four clones
+    step, block, block_step, block_masked_start = torch.stack(
+        [state.nfe, state.block, state.block_step, state.block_masked_start]).unbind(0)
     ctx = StepContext.build(
         rows=rows,
         positions=positions,
@@ -205,10 +208,10 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
         sampling=policy.sampling,
         written_step=state.written_step.gather(1, idx),
         written_conf=state.written_conf.gather(1, idx),
-        step=state.nfe.clone(),  # clones: the engine updates these in place after the rules ran
-        block=state.block.clone(),
-        block_step=state.block_step.clone(),
-        block_masked_start=state.block_masked_start.clone(),
+        step=step,
+        block=block,
+        block_step=block_step,
+        block_masked_start=block_masked_start,
         seeds=state.seeds,
         memory=state.memory,
         mask_token_id=state.mask_token_id,

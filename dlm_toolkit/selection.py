@@ -11,8 +11,14 @@ if TYPE_CHECKING:
 
 
 def top1(score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """(B, W) bool: the highest-``score`` allowed position of each row (none if none allowed)."""
-    return topk_per_row(score, allowed, torch.ones(score.shape[0], dtype=torch.long, device=score.device))
+    """(B, W) bool: the highest-``score`` allowed position of each row (none if none allowed).
+
+    Ties break towards the lower position, as in :func:`topk_per_row` with ``k = 1`` (``argmax``
+    returns the first maximal index, the one a stable descending sort ranks first; NaN counts as
+    the largest in both): one argmax instead of a sort and a scatter.
+    """
+    best = torch.where(allowed, score, float("-inf")).argmax(dim=1, keepdim=True)
+    return allowed & (torch.arange(score.shape[1], device=score.device) == best)
 
 
 def topk_per_row(score: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

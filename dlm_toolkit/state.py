@@ -67,6 +67,9 @@ class DecodeState:
     counts: torch.Tensor = None  # type: ignore[assignment]  # (N, len(COUNTERS)) long
     forward_calls: int = 0
     model_time: float = 0.0
+    # per-decode constants the step reads many times (built once: each arange is one more small op per call)
+    _rows: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _offsets: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def start(
@@ -140,8 +143,19 @@ class DecodeState:
 
     @property
     def all_rows(self) -> torch.Tensor:
-        """(N,) every batch row index."""
-        return torch.arange(self.batch_size, device=self.device)
+        """(N,) every batch row index: one tensor per decode (the batch never changes size), so
+        callers may test ``rows is state.all_rows`` to skip indexing by it. Do not write into it."""
+        rows = self._rows
+        if rows is None or rows.shape[0] != self.batch_size or rows.device != self.device:
+            rows = self._rows = torch.arange(self.batch_size, device=self.device)
+        return rows
+
+    def offsets(self, width: int) -> torch.Tensor:
+        """``arange(width)`` on the decode's device, built once per width (do not write into it)."""
+        out = self._offsets.get(width)
+        if out is None or out.device != self.device:
+            out = self._offsets[width] = torch.arange(width, device=self.device)
+        return out
 
     @property
     def nfe(self) -> torch.Tensor:
@@ -155,8 +169,9 @@ class DecodeState:
         if self.block_lo is not None:
             assert self.block_hi is not None
             return self.block_lo[rows], self.block_hi[rows]
-        b = self.block[rows] if block is None else block
-        lo = self.origin[rows] + b * self.block_length
+        every = rows is self.all_rows  # every row in order: no gathers by rows
+        b = (self.block if every else self.block[rows]) if block is None else block
+        lo = torch.add(self.origin if every else self.origin[rows], b, alpha=self.block_length)
         return lo, lo + self.block_length
 
     def masked_in_block(self, rows: torch.Tensor) -> torch.Tensor:
@@ -164,15 +179,20 @@ class DecodeState:
         (the engine keeps ``block_masked`` up to date without recounting)."""
         lo, hi = self.block_bounds(rows)
         width = self.block_length if self.block_lo is None else self.block_width
-        idx = lo[:, None] + torch.arange(width, device=self.device)  # (R, width)
-        inside = idx < hi[:, None]  # always true for fixed blocks (hi = lo + block_length)
-        at = self.canvas[rows[:, None], idx.clamp(max=self.canvas.shape[1] - 1)]
-        return ((at == self.mask_token_id) & inside).sum(1)
+        idx = lo[:, None] + self.offsets(width)  # (R, width)
+        clamped = idx.clamp(max=self.canvas.shape[1] - 1)
+        # every row in order: a plain gather (an advanced index by rows costs three times as much)
+        at = self.canvas.gather(1, clamped) if rows is self.all_rows else self.canvas[rows[:, None], clamped]
+        masked = at == self.mask_token_id
+        if self.block_lo is not None:  # a dynamic block may be narrower than block_width
+            masked &= idx < hi[:, None]
+        return masked.sum(1)
 
     def generated_span(self, rows: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """(R, Lmax) bool: positions ``[prompt_len, hi)`` of each row."""
-        pos = torch.arange(self.canvas.shape[1], device=self.device)
-        return (pos >= self.prompt_len[rows, None]) & (pos < hi[:, None])
+        pos = self.offsets(self.canvas.shape[1])
+        prompt_len = self.prompt_len if rows is self.all_rows else self.prompt_len[rows]
+        return (pos >= prompt_len[:, None]) & (pos < hi[:, None])
 
     def advance_blocks(self, ending: torch.Tensor, eos_early_stop: bool) -> None:
         """End the active block of the rows where ``ending`` ((N,) bool) holds: stop the row at an
@@ -181,19 +201,18 @@ class DecodeState:
         if eos_early_stop:
             _, hi = self.block_bounds(rows)
             span = self.generated_span(rows, hi)
-            no_mask = ~((self.canvas == self.mask_token_id) & span).any(1)
+            has_mask = ((self.canvas == self.mask_token_id) & span).any(1)
             has_eos = ((self.canvas == self.eos_token_id) & span).any(1)
-            stop = ending & no_mask & has_eos
+            stop = ending & has_eos & ~has_mask
             self.eos_stopped |= stop
             self.done |= stop
-            ending = ending & ~stop
-        self.block += ending.long()
+            ending = ending ^ stop  # stopped rows are ending rows
+        self.block += ending  # in place: a bool adds as 0/1
         finished = ending & (self.block >= self.num_blocks)
         self.done |= finished
-        moved = ending & ~finished
-        zero = torch.zeros_like(self.post)
-        self.post = torch.where(moved, zero, self.post)
-        self.block_step = torch.where(moved, zero, self.block_step)
+        moved = ending ^ finished  # finished rows are ending rows
+        self.post = self.post.masked_fill(moved, 0)
+        self.block_step = self.block_step.masked_fill(moved, 0)
         start = self.masked_in_block(rows)
         self.block_masked_start = torch.where(moved, start, self.block_masked_start)
         self.block_masked = torch.where(moved, start, self.block_masked)

@@ -33,9 +33,8 @@ class SemiAutoregressive(BlockSchedule):
         return torch.zeros_like(prompt_len), prompt_len // bl, -(-(prompt_len + gen_length) // bl)
 
     def prepare(self, state: DecodeState) -> torch.Tensor:
-        live = ~state.done
-        no_mask = live & (state.block_masked == 0)
-        state.post = state.post + no_mask.long()
+        no_mask = (state.block_masked == 0) & ~state.done
+        state.post = state.post + no_mask  # a bool adds as 0/1
         over = no_mask & (state.post > self.config.max_post_steps)  # checked before the forward
         state.advance_blocks(over, self.config.eos_early_stop)
         # One pass suffices: a block entered now holds a generated position, and generated
@@ -47,5 +46,7 @@ class SemiAutoregressive(BlockSchedule):
 
     def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
         converged = ctx.post & ~ctx.edit.any(1)
-        ending = torch.zeros_like(state.done).index_put_((ctx.rows,), converged)
+        # a context of every row in order (the decode loop's) needs no scatter onto the batch
+        ending = converged if ctx.rows is state.all_rows else torch.zeros_like(state.done).index_put_(
+            (ctx.rows,), converged)
         state.advance_blocks(ending, self.config.eos_early_stop)

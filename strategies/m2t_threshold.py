@@ -21,6 +21,7 @@ class ThresholdUnmask(UnmaskRule):
         threshold: float = Field(0.9, gt=0.0, le=1.0, description="commit iff confidence > threshold (strict)")
 
     def __call__(self, ctx: StepContext) -> torch.Tensor:
-        commit = ctx.fillable & (ctx.confidence > self.config.threshold)
-        need = ctx.fillable.any(1) & ~commit.any(1)
-        return commit | (top1(ctx.confidence, ctx.fillable) & need[:, None])
+        fillable = ctx.fillable
+        commit = fillable & (ctx.confidence > self.config.threshold)
+        # the top-1 is empty where nothing is fillable, so "rows with no commit" is the whole condition
+        return commit | (top1(ctx.confidence, fillable) & ~commit.any(1, keepdim=True))
