@@ -12,11 +12,17 @@ stage                              when
 ``check_policy(policy)``           once, when the policy is built (refuse combinations: ConfigError)
 ``check_model(model)``             once per decode, before anything runs (refuse a model)
 ``forward_budget(policy)``         forwards one block may take beyond the schedule's bound
-``engine_options()``               flags the :class:`~dlm_toolkit.engine.StepEngine` is built with
+``step_segments(...)``             ``(eng, state, live, window)``, while the step's forward is laid out:
+                                   segments (:class:`~dlm_toolkit.segments.Segment`) to append to it;
+                                   their logits are ``eng.segment_logits(self)`` from ``after_forward`` on
 ``after_forward(ctx, eng, state)`` after the step's forward, before the rules (fill ``ctx`` fields)
 ``after_rules(ctx, eng, state)``   after the rules chose ``commit/edit/remask``, before the write
 ``after_write(ctx, state)``        after the canvas write, before the block schedule reacts
 =================================  ====================================================================
+
+A hook that needs a forward of its own (a verification) runs it from a stage with
+:meth:`StepEngine.extra_forward(segments, rows) <dlm_toolkit.engine.StepEngine.extra_forward>`,
+counted as one NFE of ``rows``; the engine lays it out, runs and counts it like the step's own.
 
 Every stage defaults to nothing; the loop calls only the stages a hook overrides (:class:`HookStages`),
 so a policy without hooks runs exactly the plain step. Hooks hold no per-decode state (a policy
@@ -33,7 +39,10 @@ from dlm_toolkit.config import ConfigError
 if TYPE_CHECKING:
     from dlm_toolkit.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
+    import torch
+
     from dlm_toolkit.policy import DecodingPolicy
+    from dlm_toolkit.segments import Segment
     from dlm_toolkit.state import DecodeState
     from dlm_toolkit.strategy import StepContext
 
@@ -66,9 +75,13 @@ class StepHook:
         declaring rule's method, e.g. ``max_indel_forwards(32)``)."""
         return "forward_budget()"
 
-    def engine_options(self) -> dict[str, Any]:
-        """Keyword flags for the step engine (e.g. ``{"shadow": True}``)."""
-        return {}
+    def step_segments(self, engine: StepEngine, state: DecodeState, live: torch.Tensor,
+                      window: Segment) -> Sequence[Segment]:
+        """Segments to append to every step forward (after ``window``, the step's primary segment;
+        ``live`` (N,) bool the rows that forward). Their logits, in order, are
+        ``engine.segment_logits(self)`` in the later stages of the step. They add ``forward_tokens``
+        (their real slots), never an NFE."""
+        return ()
 
     def after_forward(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
         """After the step's forward, before the rules."""
@@ -107,9 +120,8 @@ class HookStages:
         def overriding(stage: str) -> list[Callable[..., None]]:
             return [getattr(h, stage) for h in hooks if getattr(type(h), stage) is not getattr(StepHook, stage)]
 
+        self.step_segments = [(h, h.step_segments) for h in hooks
+                              if type(h).step_segments is not StepHook.step_segments]
         self.after_forward = overriding("after_forward")
         self.after_rules = overriding("after_rules")
         self.after_write = overriding("after_write")
-        self.engine_options: dict[str, Any] = {}
-        for h in hooks:
-            self.engine_options.update(h.engine_options())
