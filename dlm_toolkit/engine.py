@@ -193,8 +193,15 @@ class StepEngine:
         return layout([one], self.eye(pos.shape[1]))[2]
 
     def groups(self, pos: torch.Tensor) -> torch.Tensor | None:
-        """(N, T) attention groups of ``pos`` (the block schedule's), ``None`` for full attention."""
-        return None if self.full else self.blocks.attention_groups(self.state, self.state.all_rows, pos)
+        """(N, T) attention groups of canvas positions ``pos`` (the block schedule's), ``None`` for
+        full attention. With the default groups: looked up in the decode's one table
+        (:meth:`cache_groups`; positions past the canvas take the last one's, which only padding
+        slots hold)."""
+        if self.full:
+            return None
+        if self.static_groups:
+            return self.cache_groups().gather(1, pos.clamp(0, self.length - 1))
+        return self.blocks.attention_groups(self.state, self.state.all_rows, pos)
 
     def cache_groups(self) -> torch.Tensor:
         """(N, S) attention groups of every canvas position, which the cached prefix is seen by. A
@@ -318,6 +325,9 @@ class StepEngine:
             self.added[hook] = logits[at:at + count]
             at += count
         out, width, w = logits[0], window.width, self.window_width
+        if self.cached:  # the span ends at the window's end: its last W slots
+            out = out[:, width - w:]  # captured: a contiguous copy (a graph's output buffer; one layout for the rules)
+            return out if self.mode == "eager" else out.clone()
         index = (hi[:, None] - w + self.arange(w) - first).clamp(0, width - 1)
         return out.gather(1, index[:, :, None].expand(-1, -1, out.shape[-1]))
 
