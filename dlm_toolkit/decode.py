@@ -5,9 +5,10 @@ which rows are live (finishing blocks that need no forward), ``blocks.window`` w
 logits are used, the model runs with the attention pattern and KV-cache boundary the schedule
 declares, the policy's rules choose what to commit / edit / remask, the canvas is written, and
 ``blocks.finish_step`` ends converged blocks. What a rule adds to the step (a verification forward,
-the shadow block, insert/delete edits, a plug-in's hook) runs at three fixed stages, after the
-forward, after the rules and after the write (:mod:`dlm_toolkit.hooks`); the loop does not know
-which hooks it runs. Strategies keep no state; the :class:`DecodeState` holds it all.
+the shadow block, insert/delete edits, a plug-in's hook) runs at fixed stages: segments added to the
+forward, after the forward, after the rules and after the write (:mod:`dlm_toolkit.hooks`); the loop
+does not know which hooks it runs. Every canvas write is :mod:`dlm_toolkit.canvas`'s. Strategies
+keep no state; the :class:`DecodeState` holds it all.
 
 The forwards themselves (shapes, attention patterns, the KV cache, the one host read per step) are
 :class:`~dlm_toolkit.engine.StepEngine`'s, in :mod:`dlm_toolkit.engine`.

@@ -25,6 +25,15 @@ Why every row forwards every step (behind ``live``) rather than the batch being 
 rows still decoding: compaction needs the host to know which rows those are (a read) and gives
 each step a different batch shape (a capture per count). The price is compute spent on finished
 rows until the slowest row of the batch is done.
+
+One forward primitive, :meth:`StepEngine.run`: a forward is a list of
+:class:`~dlm_toolkit.segments.Segment` objects (the step's window span first, then what hooks
+append: the shadow block; or a hook's own forward: the verification's drafted span and masked
+copy), which it lays out into ids, positions and the attention mask (cache columns included), runs
+through the runner of that width, times and counts (``forward_calls``, ``forward_tokens``, and for
+a hook's own forward ``nfe`` and ``block_step`` of its rows). The engine knows no hook by name:
+hooks add segments through the ``step_segments`` stage (:mod:`dlm_toolkit.hooks`) and read their
+logits with :meth:`StepEngine.segment_logits`, or run :meth:`StepEngine.extra_forward`.
 """
 
 from __future__ import annotations

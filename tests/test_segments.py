@@ -197,3 +197,20 @@ def test_a_hook_writes_the_canvas_through_the_canvas_module(kv_cache):
     assert [r.nfe for r in pinned.rows] == [8, 8]  # one commit a step: the pins kept block_masked right
     for r, p in enumerate(PROMPTS):
         assert pinned.canvas[r, :P].tolist() == p  # the prompt is never a target
+
+
+@pytest.mark.parametrize("start, want", [(-2, [92, 93, 12, 13]), (2, [10, 11, 90, 91]), (0, [90, 91, 92, 93])])
+def test_window_slots_off_the_canvas_carry_the_value_of_the_position_they_clamp_onto(start, want):
+    # canvas [10, 11, 12, 13]; window of 4 slots at start..start+3 drafted as [90, 91, 92, 93]: a slot
+    # left of 0 clamps onto 0 and writes the value of the slot at 0; right of 3 onto 3 likewise
+    from dlm_toolkit.canvas import drafted_canvas, window_slots
+    from dlm_toolkit.testing import make_context
+
+    ctx = make_context(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 4, 8), mask_token_id=7)
+    ctx.positions = ctx.positions + start
+    canvas = torch.tensor([[10, 11, 12, 13]])
+    assert drafted_canvas(canvas, ctx, torch.tensor([[90, 91, 92, 93]])).tolist() == [want]
+    assert canvas.tolist() == [[10, 11, 12, 13]]  # a copy: the canvas itself is untouched
+    at_pos, same = window_slots(ctx, 4)
+    assert at_pos.tolist() == [[min(max(start + j, 0), 3) for j in range(4)]]
+    assert same.tolist() == [[min(max(start + j, 0), 3) - start for j in range(4)]]
