@@ -47,7 +47,7 @@ import torch
 from dlm_toolkit.indel import raise_indel_error
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.policy import StepChecks, StrategyError
-from dlm_toolkit.segments import Segment, cache_seen, cache_writes, layout
+from dlm_toolkit.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy import BlockSchedule
 
@@ -79,7 +79,7 @@ class StepEngine:
         self.backend = backend  # torch.compile's backend in mode "compile" (the decode module's COMPILE_BACKEND)
         # (hook, its step_segments): segments appended to every step forward (dlm_toolkit.hooks)
         self.segment_hooks = list(segment_hooks)
-        self.added: dict[Any, list[torch.Tensor]] = {}  # each hook's segment logits of the last step forward
+        self.added: dict[int, list[torch.Tensor]] = {}  # by id(hook): its segment logits of the last step forward
         # Eager decodes that read the host every step have no capture to keep shapes for: each forward
         # then takes only the live rows, the cache columns some row has filled and (cache off) the
         # canvas up to the furthest window end: the same logits for every real query, with less work.
@@ -269,12 +269,19 @@ class StepEngine:
         and one ``forward_calls``; each segment's logits. Shapes: the captured runner is per width,
         so a captured decode should keep to the widths its steps use (``window_width()`` plus a
         block with the cache; the canvas plus a block without) or accept one capture more."""
-        return self.run(list(segments), nfe_rows=rows)
+        who = "extra_forward"
+        segments = [check(seg, self.state.batch_size, who) for seg in segments]
+        if not segments:
+            raise StrategyError(f"{who}: needs at least one segment")
+        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool or tuple(rows.shape) != (self.state.batch_size,):
+            got = f"{rows.dtype} tensor of shape {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+            raise StrategyError(f"{who}: rows must be a bool tensor of shape ({self.state.batch_size},), got {got}")
+        return self.run(segments, nfe_rows=rows)
 
     def segment_logits(self, hook: Any) -> list[torch.Tensor]:
         """The logits ``(N, T_i, V)`` of the segments ``hook``'s ``step_segments`` added to the last step
         forward (empty when it added none)."""
-        return self.added.get(hook, [])
+        return self.added.get(id(hook), [])
 
     # -- one step's forward -----------------------------------------------------------------
     def window(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
@@ -299,7 +306,7 @@ class StepEngine:
                 width = max(1, min(self.length, -(-self.needed // self.block_length) * self.block_length))
                 pos = pos[:, :width]
             real = live[:, None] & (pos < hi[:, None])
-        first = pos[:, :1]
+        first = pos[:, :1]  # the span's start (may be negative: left padding)
         pos = pos.clamp(0, self.length - 1)
         write = boundary = None
         if self.cached:
@@ -322,7 +329,8 @@ class StepEngine:
         window, first, boundary = self.window(live, lo, hi)
         segments, owners = [window], []
         for hook, add in self.segment_hooks:
-            added = list(add(self, s, live, window))
+            who = getattr(hook, "name", type(hook).__name__)
+            added = [check(seg, s.batch_size, f"{who} (step_segments)") for seg in add(self, s, live, window)]
             segments += added
             owners.append((hook, len(added)))
         logits = self.run(segments, trim=self.trim)
@@ -331,7 +339,7 @@ class StepEngine:
             s.cache_len = torch.where(live, boundary, s.cache_len)
         self.added, at = {}, 1
         for hook, count in owners:
-            self.added[hook] = logits[at:at + count]
+            self.added[id(hook)] = logits[at:at + count]
             at += count
         out, width, w = logits[0], window.width, self.window_width
         if self.cached:  # the span ends at the window's end: its last W slots

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dlm_toolkit.policy import StrategyError
+
 
 class Keys(enum.Enum):
     """Which real keys of a segment a query sees, by ``order`` (key's vs. the query's)."""
@@ -83,6 +85,36 @@ class Segment:
     def keys(self) -> torch.Tensor | None:
         """The ``order`` keys the rules compare (``group`` when no ``order`` is given)."""
         return self.group if self.order is None else self.order
+
+
+def check(segment: object, rows: int, who: str) -> Segment:
+    """``segment`` if it is a :class:`Segment` whose tensors are shaped ``(rows, T)`` with the
+    dtypes of its fields, else a :class:`~dlm_toolkit.policy.StrategyError` naming ``who`` and the
+    field (metadata only: no host read)."""
+    if not isinstance(segment, Segment):
+        raise StrategyError(f"{who}: a forward segment must be a dlm_toolkit.segments.Segment, got "
+                            f"{type(segment).__name__}")
+    ids = segment.ids
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != rows or ids.shape[1] < 1:
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise StrategyError(f"{who}: segment field 'ids' must be a (batch rows = {rows}, T >= 1) tensor, got {got}")
+    shape = tuple(ids.shape)
+    kinds = (("ids", torch.long, False), ("pos", torch.long, False), ("real", torch.bool, False),
+             ("group", torch.long, True), ("order", torch.long, True), ("write", torch.bool, True))
+    for field, dtype, optional in kinds:
+        value = getattr(segment, field)
+        if value is None and optional:
+            continue
+        if not isinstance(value, torch.Tensor) or value.dtype != dtype or tuple(value.shape) != shape:
+            got = f"{value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) \
+                else type(value).__name__
+            raise StrategyError(f"{who}: segment field '{field}' must be a {dtype} tensor of shape {shape} "
+                                f"(like 'ids'){' or None' if optional else ''}, got {got}")
+    for field in ("see_primary", "see_self", "see_others"):
+        if not isinstance(getattr(segment, field), Keys):
+            raise StrategyError(f"{who}: segment field '{field}' must be a dlm_toolkit.segments.Keys, got "
+                                f"{getattr(segment, field)!r}")
+    return segment
 
 
 def sees(rule: Keys, query: Segment, key: Segment) -> torch.Tensor | None:

@@ -214,3 +214,31 @@ def test_window_slots_off_the_canvas_carry_the_value_of_the_position_they_clamp_
     at_pos, same = window_slots(ctx, 4)
     assert at_pos.tolist() == [[min(max(start + j, 0), 3) for j in range(4)]]
     assert same.tolist() == [[min(max(start + j, 0), 3) - start for j in range(4)]]
+
+
+class BadSegment(StepHook):
+    """Appends a segment whose ``real`` is a long tensor (a bool one is the near miss: CopyHook)."""
+
+    name = "hook 'bad_segment'"
+
+    def step_segments(self, engine, state, live, window):
+        return [Segment(window.ids, window.pos, window.real.long(), window.group)]
+
+
+class BadRows(StepHook):
+    name = "hook 'bad_rows'"
+
+    def after_rules(self, ctx, engine, state):
+        engine.extra_forward([Segment(ctx.tokens, ctx.positions.clamp(min=0), ctx.valid, engine.groups(
+            ctx.positions.clamp(min=0)))], ctx.live.long())
+
+
+def test_a_malformed_segment_or_rows_is_one_error_naming_the_hook_and_field():
+    from dlm_toolkit import StrategyError
+
+    with pytest.raises(StrategyError, match=r"^hook 'bad_segment' \(step_segments\): segment field 'real' must be a "
+                                            r"torch.bool tensor of shape \(2, 4\) \(like 'ids'\), got torch.int64"):
+        run(BadSegment(), True)
+    with pytest.raises(StrategyError, match=r"^extra_forward: rows must be a bool tensor of shape \(2,\), got "
+                                            r"torch.int64"):
+        run(BadRows(), True)
