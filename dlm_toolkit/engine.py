@@ -269,13 +269,14 @@ class StepEngine:
         and one ``forward_calls``; each segment's logits. Shapes: the captured runner is per width,
         so a captured decode should keep to the widths its steps use (``window_width()`` plus a
         block with the cache; the canvas plus a block without) or accept one capture more."""
-        who = "extra_forward"
-        segments = [check(seg, self.state.batch_size, who) for seg in segments]
+        who, n = "extra_forward", self.state.batch_size
+        segments = [check(seg, n, who) for seg in segments]
         if not segments:
             raise StrategyError(f"{who}: needs at least one segment")
-        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool or tuple(rows.shape) != (self.state.batch_size,):
-            got = f"{rows.dtype} tensor of shape {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
-            raise StrategyError(f"{who}: rows must be a bool tensor of shape ({self.state.batch_size},), got {got}")
+        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool or tuple(rows.shape) != (n,):
+            got = (f"{rows.dtype} tensor of shape {tuple(rows.shape)}" if isinstance(rows, torch.Tensor)
+                   else type(rows).__name__)
+            raise StrategyError(f"{who}: rows must be a bool tensor of shape ({n},), got {got}")
         return self.run(segments, nfe_rows=rows)
 
     def segment_logits(self, hook: Any) -> list[torch.Tensor]:

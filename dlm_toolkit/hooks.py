@@ -32,15 +32,15 @@ run on the device: no host reads (errors go through the step's checks or the eng
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from dlm_toolkit.config import ConfigError
 
 if TYPE_CHECKING:
-    from dlm_toolkit.engine import StepEngine
-    from dlm_toolkit.models.base import DiffusionLM
     import torch
 
+    from dlm_toolkit.engine import StepEngine
+    from dlm_toolkit.models.base import DiffusionLM
     from dlm_toolkit.policy import DecodingPolicy
     from dlm_toolkit.segments import Segment
     from dlm_toolkit.state import DecodeState

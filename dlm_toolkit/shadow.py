@@ -5,8 +5,8 @@ A role option, not a new role: a rule (any role) that also subclasses :class:`Sh
 Policies, configs and every existing rule are unchanged (a policy without a ``Shadow`` rule never
 runs this module, and its forwards are exactly as before).
 
-The hook appends a *shadow block* (:func:`shadow_segment`) to every step's forward: one mask token at each absolute
-position of the active block, after the window. Attention (block-causal models):
+The hook appends a *shadow block* (:func:`shadow_segment`) to every step's forward: one mask token
+at each absolute position of the active block, after the window. Attention (block-causal models):
 
 - a window query never sees the shadow, so the window's logits, the sampling and the KV-cache
   writes are those of the forward without it (and nothing of the shadow is cached);
