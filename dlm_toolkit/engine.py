@@ -240,10 +240,9 @@ class StepEngine:
         real = torch.cat([seg.real for seg in segments], 1) if len(segments) > 1 else segments[0].real
         if self.cached:
             assert s.cache_len is not None
-            in_cache = self.canvas_pos < s.cache_len[:, None]
-            seen = cache_seen(segments, in_cache, self.cache_groups())
-            if trim:  # only the columns some live row has filled
-                seen = seen[:, :, :self.needed]
+            cols = self.needed if trim else self.length  # trimmed: only the columns some live row has filled
+            in_cache = self.canvas_pos[:, :cols] < s.cache_len[:, None]
+            seen = cache_seen(segments, in_cache, self.cache_groups()[:, :cols])
             args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), cache_writes(segments))
         else:
             args = (ids, pos, allowed)
@@ -313,7 +312,23 @@ class StepEngine:
         if self.cached:
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             write = real & (pos < boundary[:, None])
-        return Segment(s.canvas.gather(1, pos), pos, real, self.groups(pos), write=write), first, boundary
+        group = self.groups(pos)
+        own = None
+        if not self.cached and not self.full and self.static_groups:
+            own = self.prefix_pattern(pos, real, hi, group)
+        return Segment(s.canvas.gather(1, pos), pos, real, group, write=write, own=own), first, boundary
+
+    def prefix_pattern(self, pos: torch.Tensor, real: torch.Tensor, hi: torch.Tensor,
+                       group: torch.Tensor | None) -> torch.Tensor:
+        """(N, T, T) the window's own attention without the cache, for the default groups, in one
+        comparison: ``pos`` is the canvas from 0 and ``real`` its positions before ``hi`` (live rows),
+        and a group ends at ``origin + (group + 1) * block_length`` (groups rise with the position;
+        -1 before the origin), so a real query sees exactly the keys before the nearer of its
+        group's end and ``hi``; a padding query none (the layout adds every slot itself)."""
+        assert group is not None
+        end = self.state.origin[:, None] + (group + 1) * self.block_length
+        limit = torch.where(real, torch.minimum(end, hi[:, None]), 0)
+        return pos[:, None, :] < limit[:, :, None]
 
     def arange(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the decode's device, one per length."""

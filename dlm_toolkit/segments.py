@@ -63,6 +63,9 @@ class Segment:
         hide_own_position: a query never sees a primary-segment key at its own absolute position.
         write: (N, T) bool slots whose keys and values this forward writes into the KV cache;
             ``None``: nothing.
+        own: (N, T, T) bool attention among the segment's own slots, when its builder has it more
+            cheaply than ``see_self`` would build it (it must be exactly that rule's result; the
+            engine's window does, without the cache); ``None``: built from ``see_self``.
     """
 
     ids: torch.Tensor
@@ -76,6 +79,7 @@ class Segment:
     see_others: Keys = Keys.NONE
     hide_own_position: bool = False
     write: torch.Tensor | None = None
+    own: torch.Tensor | None = None
 
     @property
     def width(self) -> int:
@@ -110,6 +114,12 @@ def check(segment: object, rows: int, who: str) -> Segment:
                 else type(value).__name__
             raise StrategyError(f"{who}: segment field '{field}' must be a {dtype} tensor of shape {shape} "
                                 f"(like 'ids'){' or None' if optional else ''}, got {got}")
+    own = segment.own
+    if own is not None and (not isinstance(own, torch.Tensor) or own.dtype != torch.bool
+                            or tuple(own.shape) != (*shape, shape[1])):
+        got = f"{own.dtype} tensor of shape {tuple(own.shape)}" if isinstance(own, torch.Tensor) else type(own).__name__
+        raise StrategyError(f"{who}: segment field 'own' must be a torch.bool tensor of shape {(*shape, shape[1])} "
+                            f"or None, got {got}")
     for field in ("see_primary", "see_self", "see_others"):
         if not isinstance(getattr(segment, field), Keys):
             raise StrategyError(f"{who}: segment field '{field}' must be a dlm_toolkit.segments.Keys, got "
@@ -145,7 +155,7 @@ def layout(segments: list[Segment], eye: torch.Tensor | None = None
     if eye is None:
         eye = torch.eye(t, dtype=torch.bool, device=pos.device)
     if len(segments) == 1:
-        own = sees(first.see_self, first, first)
+        own = first.own if first.own is not None else sees(first.see_self, first, first)
         allowed = eye.expand(pos.shape[0], t, t) if own is None else own | eye
         return ids, pos, allowed
     rows = []
@@ -153,7 +163,7 @@ def layout(segments: list[Segment], eye: torch.Tensor | None = None
         blocks = []
         for j, k in enumerate(segments):
             rule = q.see_self if i == j else q.see_primary if j == 0 else q.see_others
-            part = sees(rule, q, k)
+            part = q.own if i == j and q.own is not None else sees(rule, q, k)
             if part is not None and j == 0 and i > 0 and q.hide_own_position:
                 part = part & (k.pos[:, None, :] != q.pos[:, :, None])
             blocks.append(part if part is not None else

@@ -242,3 +242,33 @@ def test_a_malformed_segment_or_rows_is_one_error_naming_the_hook_and_field():
     with pytest.raises(StrategyError, match=r"^extra_forward: rows must be a bool tensor of shape \(2,\), got "
                                             r"torch.int64"):
         run(BadRows(), True)
+
+
+@pytest.mark.parametrize("align", ["absolute", "prompt"])
+def test_the_engines_window_pattern_without_the_cache_is_its_rule(align):
+    # the engine's one-comparison pattern of the cache-off window (StepEngine.prefix_pattern) against
+    # the generic rule (keys of the query's group or earlier, real slots only) on random window ends and
+    # live rows; align "prompt" puts positions before the origin in group -1
+    from dlm_toolkit.engine import StepEngine
+    from dlm_toolkit.segments import layout
+    from dlm_toolkit.state import DecodeState
+
+    pol = DecodingPolicy({"m2t": {"name": "threshold"}, "t2t": {"name": "none"}, "remask": {"name": "none"},
+                          "blocks": {"name": "semi_ar", "params": {"block_length": BL, "align": align}}})
+    prompts = [[1] * 3, [2] * 6, [3] * 9]
+    state = DecodeState.start(prompts, 10, pol.blocks, 63, 62, 64, [0, 1, 2], torch.device("cpu"))
+    engine = StepEngine(tiny_llada2(), pol.blocks, state, cached=False, mode="eager", backend="inductor")
+    n, length = state.canvas.shape
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for _ in range(20):
+        hi = torch.randint(1, length + 1, (n,), generator=gen)
+        live = torch.rand(n, generator=gen) < 0.8
+        width = int(torch.randint(1, length + 1, (), generator=gen))
+        pos = torch.arange(width).expand(n, -1)
+        real = live[:, None] & (pos < hi[:, None])
+        group = engine.groups(pos)
+        rule = layout([Segment(pos, pos, real, group)], torch.zeros(width, width, dtype=torch.bool))[2]
+        assert torch.equal(engine.prefix_pattern(pos, real, hi, group), rule)
+        checked += int(rule.sum())
+    assert checked > 0
