@@ -15,7 +15,7 @@ itself (a padding query sees only itself, so no attention row is empty), and onl
 ever seen. :func:`layout` turns a list of segments into the forward's ``(ids, pos, allowed)``;
 the engine (:meth:`~dlm_toolkit.engine.StepEngine.run`) adds the cache columns and runs it.
 
-Examples (block-causal models; ``G`` = attention group):
+Examples (block-causal models):
 
 - the step's window: ``see_self=Keys.UP_TO`` (keys of its group or earlier), ``see_cache=True``;
 - the shadow block (:mod:`dlm_toolkit.shadow`): the window's keys of its group or earlier except
