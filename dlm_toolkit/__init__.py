@@ -18,7 +18,7 @@ from dlm_toolkit.strategy import (
     StepContext,
     UnmaskRule,
 )
-from dlm_toolkit.policy import DecodingPolicy, StrategyError
+from dlm_toolkit.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
 from dlm_toolkit.decode import decode
 
 __version__ = "0.1.0"
@@ -34,6 +34,7 @@ __all__ = [
     "DecodeState",
     "DecodingPolicy",
     "EditRule",
+    "NonFiniteLogitsError",
     "PluginError",
     "PolicyConfig",
     "RemaskRule",

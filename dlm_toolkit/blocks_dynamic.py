@@ -20,8 +20,12 @@ everything the engine asks of a :class:`~dlm_toolkit.strategy.BlockSchedule`:
   block starts in are recomputed every forward until then (like DSB Cache's refreshed prefix
   window). Decoding with the cache on or off gives the same tokens and NFE.
 - **Bad proposals.** Every proposal is checked where it is made (:meth:`set_bounds`): a block that
-  starts inside the prompt, ends past the canvas or holds no position sets a per-row flag that
-  the engine reads with its one host read and turns into one error naming the schedule.
+  starts inside the prompt, ends past the canvas or holds no position sets the device flag
+  :data:`BOUNDS` (with the proposal), which the engine's one host read turns into one error
+  naming the schedule (:mod:`dlm_toolkit.flags`).
+- **A hook.** The schedule asks for a :class:`DynamicBlocksHook` (``step_hooks``): it declares the
+  flag and that it moves and resizes the active block, so the policy refuses, when it is built,
+  the hooks that copy a fixed block (a verification forward, a shadow block).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from dlm_toolkit.config import ConfigError, StrategyConfig
+from dlm_toolkit.config import StrategyConfig
+from dlm_toolkit.flags import DeviceFlag, FlagHit, set_flag
+from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import DecodeState
 from dlm_toolkit.strategy import BlockSchedule, StepContext
 
@@ -63,6 +69,10 @@ class DynamicBlockSchedule(BlockSchedule):
 
     Config = DynamicBlockConfig
 
+    def step_hooks(self, policy: object, role: str) -> list[StepHook]:
+        """The dynamic-blocks hook (its flag, and the refusal of hooks that need a fixed block)."""
+        return [DynamicBlocksHook(self)] if role == "blocks" else []
+
     def window_width(self) -> int:
         return int(self.config.max_block_length)  # type: ignore[attr-defined]
 
@@ -88,9 +98,9 @@ class DynamicBlockSchedule(BlockSchedule):
     def set_bounds(self, state: DecodeState, lo: torch.Tensor, hi: torch.Tensor, update: torch.Tensor) -> None:
         """Take the proposal ``(lo, hi)`` for the rows where ``update`` holds, flag the ones outside
         ``[prompt_len, length)`` (the engine raises at its next read) and recount the block's masks."""
-        assert state.block_lo is not None and state.block_hi is not None and state.bounds_error is not None
+        assert state.block_lo is not None and state.block_hi is not None
         bad = update & ~state.done & ((lo < state.prompt_len) | (hi > state.length) | (hi <= lo))
-        state.bounds_error = state.bounds_error | bad
+        set_flag(state, BOUNDS, bad, torch.stack([lo, hi], 1), source=self)
         moved = update & (lo != state.block_lo)
         state.block_lo = torch.where(update, lo, state.block_lo)
         state.block_hi = torch.where(update, hi, state.block_hi)
@@ -106,7 +116,6 @@ class DynamicBlockSchedule(BlockSchedule):
         if state.block_lo is None:  # the first step of a decode: the schedule proposes its first block
             lo, hi = self.first_bounds(state)
             state.block_lo, state.block_hi, state.block_width = lo.clone(), hi.clone(), self.window_width()
-            state.bounds_error = torch.zeros_like(state.done)
             self.set_bounds(state, lo, hi, ~state.done)
         live = ~state.done
         no_mask = live & (state.block_masked == 0)
@@ -145,9 +154,38 @@ class DynamicBlockSchedule(BlockSchedule):
             state.done |= stop
 
 
-def require_fixed_blocks(blocks: BlockSchedule, who: str) -> None:
-    """Refuse a dynamic schedule for ``who`` (a hook that copies the active block of length
-    ``block_length`` from the block's start: its block would move and resize under it)."""
-    if isinstance(blocks, DynamicBlockSchedule):
-        raise ConfigError(f"{who} needs a fixed block layout; block schedule '{blocks.name}' moves and resizes its "
-                          "block: use semi_ar or multi_block_edit with it")
+class DynamicBlocksHook(StepHook):
+    """Dynamic blocks as a step hook: the schedule does the work in its ``prepare`` / ``finish_step``
+    (bounds as per-row data on the decode state); the hook declares the :data:`BOUNDS` flag and that
+    the active block moves and resizes (:func:`~dlm_toolkit.hooks.check_combinations`)."""
+
+    moves_block = True
+
+    def __init__(self, schedule: DynamicBlockSchedule):
+        self.name = f"block schedule '{schedule.name}'"
+
+    def key(self) -> str:
+        return "dynamic_blocks"
+
+    def device_flags(self) -> list[DeviceFlag]:
+        return [BOUNDS]
+
+
+def bounds_message(hit: FlagHit) -> str:
+    """The message of a dynamic block proposed outside ``[prompt_len, canvas length)`` or holding no
+    position (the :data:`BOUNDS` flag's factory; host reads: only on the way to raising)."""
+    state, r = hit.state, hit.row
+    lo, hi = hit.payload
+    p, n = int(state.prompt_len[r]), int(state.length[r])
+    if lo < p:
+        where = f"overlaps the prompt (positions [0, {p}))"
+    elif hi <= lo:
+        where = "is empty (it holds no position)"
+    else:
+        where = f"leaves the canvas [0, {n})"
+    return (f"{hit.owner} proposed the active block [{lo}, {hi}) for batch row {r}, "
+            f"which {where}: a dynamic block must lie in [{p}, {n}) and hold at least one position")
+
+
+# a row's first bad proposal (lo, hi); declared by DynamicBlocksHook
+BOUNDS = DeviceFlag("dynamic_bounds", bounds_message, payload=2)

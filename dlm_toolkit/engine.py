@@ -13,10 +13,11 @@ step (not an NFE; its positions count in ``forward_tokens`` as before).
 
 Host reads (the host waiting for the device): ONE per ``check_every`` steps (default every step),
 a small vector read with one ``.tolist()``: whether any row is live, the widest span a row
-needs from its cached prefix (which of the step widths the forward takes), whether the schedule
-broke the window/cache rules, whether an insert/delete edit was flagged (:mod:`dlm_toolkit.indel`),
-and the contract checks of the steps since the last read (a broken contract raises there, before
-anything is returned). Nothing else in the loop reads the device: not the rules, the checks, the
+needs from its cached prefix (which of the step widths the forward takes), and every device flag
+set since (:mod:`dlm_toolkit.flags`: the contract checks of the steps since the last read, the
+hooks' flags such as an insert/delete error or a dynamic block outside the canvas, and the
+engine's own schedule errors; a set flag raises there, before anything is returned). Nothing
+else in the loop reads the device: not the rules, the checks, the
 canvas writes, the insert/delete shifts, the block ends or the random draws (counter-based,
 :mod:`dlm_toolkit.rng`). The first read of a decode also gives the prefill's width. Recording a
 trajectory reads every step.
@@ -44,9 +45,9 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from dlm_toolkit.indel import raise_indel_error
+from dlm_toolkit.flags import DeviceFlag, FlagHit, StrategyError, board, declare
 from dlm_toolkit.models.base import DiffusionLM
-from dlm_toolkit.policy import StepChecks, StrategyError
+from dlm_toolkit.policy import StepChecks
 from dlm_toolkit.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy import BlockSchedule
@@ -108,49 +109,36 @@ class StepEngine:
 
     # -- the host read --------------------------------------------------------------------
     def read(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, checks: StepChecks) -> bool:
-        """The one host read: raise on a failed check; False when no row is live; else choose the
-        next forward's width (and prefill the KV cache before the first step)."""
+        """The one host read: raise on a set device flag (:mod:`dlm_toolkit.flags`: the step checks,
+        the hooks' flags, the engine's own); False when no row is live; else choose the next
+        forward's width (and prefill the KV cache before the first step)."""
         s, blocks = self.state, self.blocks
+        if s.flags is None or s.flags.table is None:  # the first read: the policy's table of flags
+            board(s).adopt(checks.policy.flags)
         zero = torch.zeros((), dtype=torch.long, device=s.device)
         if self.cached:
             assert s.cache_len is not None
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             start = s.cache_len if self.prefilled else boundary
-            bad_cache = (live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))).any()
+            s.flags.set(BAD_CACHE, live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo)), source=self)
             span = torch.where(live, hi - start, 0).max()
             prefill_to = torch.where(live, boundary, 0).max()
         else:
-            bad_cache, span, prefill_to = zero.bool(), zero, zero
-        too_wide = (live & (hi - lo > self.window_width)).any()
+            span, prefill_to = zero, zero
+        s.flags.set(TOO_WIDE, live & (hi - lo > self.window_width), source=self)
+        s.flags.set(OVERFLOW, self.overflow.expand(s.batch_size), source=self)
         needed = torch.where(live, start if self.cached else hi, 0).max() if self.trim and not self.full else zero
-        bad_bounds = (live & s.bounds_error).any() if s.bounds_error is not None else zero.bool()
-        bad_indel = s.indel_error[:, 0].amax() if s.indel_error is not None else zero
-        head = torch.stack([live.any().long(), span, prefill_to, bad_cache.long(), too_wide.long(),
-                            self.overflow.long(), needed, bad_bounds.long(), bad_indel])
+        head = torch.stack([live.any().long(), span, prefill_to, needed])
         rows = live.long() if self.trim else zero[None][:0]
-        host = torch.cat([head, rows, checks.pending(s.device).long()]).tolist()
+        host = torch.cat([head, rows, *s.flags.pending()]).tolist()
         n_head = len(head)
-        (any_live, span_n, prefill_n, bad, wide, over, needed_n, out_of_canvas, indel_failed) = host[:n_head]
-        flags = host[n_head + len(rows):]
+        any_live, span_n, prefill_n, needed_n = host[:n_head]
+        s.flags.raise_first(host[n_head + len(rows):], s)
+        checks.forget()
         if self.trim:
             self.needed = needed_n
             self.live_rows = torch.tensor([r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x],
                                           device=s.device)
-        checks.raise_if_failed(flags)
-        if out_of_canvas:
-            raise_bad_bounds(s, live, blocks.name)
-        if indel_failed:
-            raise_indel_error(s, checks.policy.t2t.name)
-        if bad:
-            raise StrategyError(
-                f"block schedule '{blocks.name}' moved a window start back into the KV cache, or declared a cache "
-                "boundary outside [cached length, window start]")
-        if wide:
-            raise StrategyError(f"block schedule '{blocks.name}' returned a window wider than its window_width() "
-                                f"({self.window_width} positions)")
-        if over:
-            raise StrategyError(f"block schedule '{blocks.name}' moved its window more than one block past the KV "
-                                "cache between host reads; decode with check_every=1")
         if not any_live:
             return False
         if not self.prefilled:
@@ -404,17 +392,22 @@ class StepEngine:
         return store[key]
 
 
-def raise_bad_bounds(state: DecodeState, live: torch.Tensor, schedule: str) -> None:
-    """The error for a dynamic block proposed outside ``[prompt_len, canvas length)`` or holding no
-    position (host reads: only on the way to raising)."""
-    assert state.bounds_error is not None and state.block_lo is not None and state.block_hi is not None
-    r = int((live & state.bounds_error).nonzero()[0, 0])
-    lo, hi, p, n = (int(t[r]) for t in (state.block_lo, state.block_hi, state.prompt_len, state.length))
-    if lo < p:
-        where = f"overlaps the prompt (positions [0, {p}))"
-    elif hi <= lo:
-        where = "is empty (it holds no position)"
-    else:
-        where = f"leaves the canvas [0, {n})"
-    raise StrategyError(f"block schedule '{schedule}' proposed the active block [{lo}, {hi}) for batch row {r}, "
-                        f"which {where}: a dynamic block must lie in [{p}, {n}) and hold at least one position")
+def _schedule(hit: FlagHit) -> str:
+    return f"block schedule '{hit.source.blocks.name}'"
+
+
+# the engine's own schedule errors: a window start back in the KV cache (or a cache boundary outside
+# [cached length, window start]), a window wider than window_width(), a window more than one block
+# past the cache between reads (seen by the forward: self.overflow)
+ENGINE_FLAGS = (BAD_CACHE, TOO_WIDE, OVERFLOW) = (
+    DeviceFlag("window_in_cache", lambda hit: (
+        f"{_schedule(hit)} moved a window start back into the KV cache, or declared a cache boundary outside "
+        f"[cached length, window start] (batch row {hit.row})")),
+    DeviceFlag("window_too_wide", lambda hit: (
+        f"{_schedule(hit)} returned a window wider than its window_width() ({hit.source.window_width} positions) "
+        f"(batch row {hit.row})")),
+    DeviceFlag("window_past_cache", lambda hit: (
+        f"{_schedule(hit)} moved its window more than one block past the KV cache between host reads; decode with "
+        "check_every=1")),
+)
+declare("the step engine", ENGINE_FLAGS, after_hooks=True)

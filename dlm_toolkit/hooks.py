@@ -18,11 +18,21 @@ stage                              when
 ``after_forward(ctx, eng, state)`` after the step's forward, before the rules (fill ``ctx`` fields)
 ``after_rules(ctx, eng, state)``   after the rules chose ``commit/edit/remask``, before the write
 ``after_write(ctx, state)``        after the canvas write, before the block schedule reacts
+``device_flags()``                 once, when the policy is built: the hook's
+                                   :class:`~dlm_toolkit.flags.DeviceFlag` s (errors it sets on the
+                                   device with :func:`~dlm_toolkit.flags.set_flag`; the engine's one
+                                   read raises them)
 =================================  ====================================================================
 
 A hook that needs a forward of its own (a verification) runs it from a stage with
 :meth:`StepEngine.extra_forward(segments, rows) <dlm_toolkit.engine.StepEngine.extra_forward>`,
 counted as one NFE of ``rows``; the engine lays it out, runs and counts it like the step's own.
+
+Two declared properties say which hooks cannot run together: ``moves_block`` (the hook moves or
+resizes the active block, e.g. dynamic blocks) and ``needs_fixed_block`` (a non-empty reason: the
+hook copies the active block of ``block_length`` positions from the block's start, e.g. the
+verification forward and the shadow block). :func:`collect` refuses such a pair when the policy is
+built, with one ConfigError naming both hooks.
 
 Every stage defaults to nothing; the loop calls only the stages a hook overrides (:class:`HookStages`),
 so a policy without hooks runs exactly the plain step. Hooks hold no per-decode state (a policy
@@ -35,6 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.flags import DeviceFlag
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +70,14 @@ class StepHook:
         """Hooks with equal keys are one hook (the first collected is kept): e.g. two rules that read
         the same shadow block need it once. Default: every hook object is its own."""
         return id(self)
+
+    moves_block = False  # this hook moves or resizes the active block (refused with needs_fixed_block)
+    needs_fixed_block = ""  # why this hook needs the fixed block layout ("" = it does not)
+
+    def device_flags(self) -> Sequence[DeviceFlag]:
+        """The device flags this hook sets (:mod:`dlm_toolkit.flags`): declared here, so the policy's
+        table holds them and the engine's one host read raises them."""
+        return ()
 
     def check_policy(self, policy: DecodingPolicy) -> None:
         """Raise :class:`~dlm_toolkit.config.ConfigError` if the policy cannot run this hook."""
@@ -107,9 +126,24 @@ def collect(policy: DecodingPolicy) -> list[StepHook]:
             if hook.key() not in seen:
                 seen.add(hook.key())
                 hooks.append(hook)
+    check_combinations(hooks)
     for hook in hooks:
         hook.check_policy(policy)
     return hooks
+
+
+def check_combinations(hooks: Sequence[StepHook]) -> None:
+    """Refuse a hook that needs a fixed block layout together with one that moves the block.
+
+    Raises:
+        ConfigError: one line naming both hooks and why they cannot run together.
+    """
+    movers = [h for h in hooks if h.moves_block]
+    for fixed in hooks:
+        if fixed.needs_fixed_block and movers:
+            mover = movers[0]
+            raise ConfigError(f"{fixed.name} ({fixed.needs_fixed_block}) needs a fixed block layout; {mover.name} "
+                              "moves and resizes its block: use semi_ar or multi_block_edit with it")
 
 
 class HookStages:

@@ -56,6 +56,7 @@ import torch
 from dlm_toolkit.canvas import window_values, write_shift
 from dlm_toolkit.canvas import written_window  # noqa: F401  (rules read it as indel.written_window)
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.flags import DeviceFlag, FlagHit, StrategyError, set_flag
 from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.state import DecodeState
 from dlm_toolkit.strategy import StepContext
@@ -63,7 +64,7 @@ from dlm_toolkit.strategy import StepContext
 if TYPE_CHECKING:
     from dlm_toolkit.policy import DecodingPolicy
 
-# kinds of DecodeState.indel_error (column 0; 0: no error)
+# kinds of an insert/delete error (column 0 of the INDEL flag's payload)
 BAD_INSERT, BAD_DELETE, OVERFLOW = 1, 2, 3
 
 
@@ -111,6 +112,9 @@ class IndelHook(StepHook):
 
     def after_write(self, ctx: StepContext, state: DecodeState) -> None:
         indel_step(state, ctx, self.rule)
+
+    def device_flags(self) -> list[DeviceFlag]:
+        return [INDEL]
 
 
 def check_roles(policy: DecodingPolicy) -> None:
@@ -185,8 +189,6 @@ def indel_step(state: DecodeState, ctx: StepContext, rule: Indel) -> None:
 def checked(rule: Indel, ctx: StepContext, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``out`` if it is a pair of bool tensors shaped like the window, else a
     :class:`~dlm_toolkit.policy.StrategyError` naming the rule (shapes and dtypes: no host read)."""
-    from dlm_toolkit.policy import StrategyError
-
     shape = tuple(ctx.tokens.shape)
     ok = isinstance(out, tuple) and len(out) == 2 and all(
         isinstance(t, torch.Tensor) and t.dtype == torch.bool and tuple(t.shape) == shape for t in out)
@@ -201,10 +203,8 @@ def checked(rule: Indel, ctx: StepContext, out: Any) -> tuple[torch.Tensor, torc
 
 def flag(state: DecodeState, ctx: StepContext, bad_insert: torch.Tensor, bad_delete: torch.Tensor,
          overflow: torch.Tensor, region: torch.Tensor) -> None:
-    """Record each row's first insert/delete error (kind, block bounds, position) in
-    ``state.indel_error`` for the engine's next host read."""
-    if state.indel_error is None:
-        state.indel_error = torch.zeros(state.batch_size, 4, dtype=torch.long, device=state.device)
+    """Set the :data:`INDEL` flag in the rows with an insert/delete error: (kind, block bounds,
+    position) of each row's first, raised at the engine's next host read."""
     kind = torch.where(bad_insert.any(1), BAD_INSERT,
                        torch.where(bad_delete.any(1), BAD_DELETE, torch.where(overflow, OVERFLOW, 0)))
     # the position: the first slot selected outside, or the region's last slot (what falls off)
@@ -212,24 +212,26 @@ def flag(state: DecodeState, ctx: StepContext, bad_insert: torch.Tensor, bad_del
     where = torch.where((kind == BAD_INSERT)[:, None], bad_insert, torch.where((kind == BAD_DELETE)[:, None], bad_delete, last))
     position = ctx.positions.gather(1, where.long().argmax(1, keepdim=True))[:, 0]
     lo, hi = state.block_bounds(ctx.rows)
-    new = torch.stack([kind, lo, hi, position], 1)
-    old = state.indel_error[ctx.rows]
-    state.indel_error[ctx.rows] = torch.where((old[:, :1] == 0) & (kind[:, None] > 0), new, old)
+    hit, payload = kind > 0, torch.stack([kind, lo, hi, position], 1)
+    if ctx.rows.shape[0] != state.batch_size:  # a context of some rows: into their batch rows
+        hit = torch.zeros_like(state.done).index_copy_(0, ctx.rows, hit)
+        payload = payload.new_zeros(state.batch_size, 4).index_copy_(0, ctx.rows, payload)
+    set_flag(state, INDEL, hit, payload)
 
 
-def raise_indel_error(state: DecodeState, rule: str) -> None:
-    """The error for a flagged insert/delete (host reads: only on the way to raising)."""
-    from dlm_toolkit.policy import StrategyError
-
-    assert state.indel_error is not None
-    r = int(state.indel_error[:, 0].nonzero()[0, 0])
-    kind, lo, hi, p = (int(v) for v in state.indel_error[r])
-    block = f"the active block [{lo}, {hi}) of batch row {r}"
+def indel_message(hit: FlagHit) -> str:
+    """The message of a flagged insert/delete (the :data:`INDEL` flag's factory)."""
+    kind, lo, hi, p = hit.payload
+    block = f"the active block [{lo}, {hi}) of batch row {hit.row}"
     if kind == OVERFLOW:
-        raise StrategyError(f"t2t rule '{rule}' inserted into {block} more masks than its end could absorb: "
-                            f"written tokens would be pushed out past position {p}, the block's last (an insert needs "
-                            "a mask at the block's end, or a delete, to make room)")
+        return (f"{hit.owner} inserted into {block} more masks than its end could absorb: "
+                f"written tokens would be pushed out past position {p}, the block's last (an insert needs "
+                "a mask at the block's end, or a delete, to make room)")
     what = "insert a mask before" if kind == BAD_INSERT else "delete"
     allowed = "a non-prompt position of the block" if kind == BAD_INSERT else "a written (non-mask) non-prompt token of the block"
-    raise StrategyError(f"t2t rule '{rule}' asked to {what} position {p}, outside what {block} allows: an insert/delete "
-                        f"edit must select {allowed}")
+    return (f"{hit.owner} asked to {what} position {p}, outside what {block} allows: an insert/delete "
+            f"edit must select {allowed}")
+
+
+# each row's first bad insert/delete edit: (kind, block lo, block hi, position); declared by IndelHook
+INDEL = DeviceFlag("indel", indel_message, payload=4)

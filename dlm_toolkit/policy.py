@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
+from dlm_toolkit.flags import DeviceFlag, FlagHit, FlagTable, NonFiniteLogitsError, StrategyError, board, declare
 from dlm_toolkit.hooks import StepHook, collect
 from dlm_toolkit.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.registry import REGISTRIES
@@ -59,10 +60,6 @@ def check_budgets(policy: DecodingPolicy) -> None:
                               f"{FORWARDS_PER_POSITION} forwards per window position ({width}) + {FORWARDS_FLOOR}")
 
 
-class StrategyError(RuntimeError):
-    """A rule broke its role's contract (wrong shape, forbidden positions, no progress)."""
-
-
 class DecodingPolicy:
     """M2T + T2T + block schedule + remask + sampling, with the invariants enforced.
 
@@ -80,6 +77,7 @@ class DecodingPolicy:
         # what the rules add to the step (verification, shadow block, insert/delete, plug-ins), checked
         # against the policy here: the decode loop runs these at fixed stages (dlm_toolkit.hooks)
         self.hooks: list[StepHook] = collect(self)
+        self.flags: FlagTable = FlagTable.of_hooks(self.hooks)  # the device flags a decode may raise (dlm_toolkit.flags)
         check_budgets(self)
 
     def forward_limit(self) -> int:
@@ -149,96 +147,116 @@ ALLOWED = {  # role -> (where its selection may lie, how to say it)
 
 
 class StepChecks:
-    """The invariants of each step, computed on the device and read with the next host read.
+    """The invariants of each step, computed on the device and raised at the next host read.
 
     A step must keep every selection inside its role's region (:data:`ALLOWED`), commit at least
     one position in every row whose active block has a mask, remask fewer positions than it
-    commits, stay within ``limit`` forwards per block, and see finite logits. Reading the flags
-    right away would stall a GPU every step; the engine reads the flags of every step since its
-    last read together, at its next read, and raises (naming the first failed step) before
-    anything is returned.
+    commits, stay within ``limit`` forwards per block, and see finite logits. Each check is a
+    device flag (:data:`CHECKS`, :mod:`dlm_toolkit.flags`) set per row every step; reading them
+    right away would stall a GPU every step, so the engine's next read carries them, and the
+    first failed step (then check, then row) raises before anything is returned. The messages
+    read that step's context, which is kept here until the read.
     """
 
     NAMES = ("m2t", "t2t", "remask", "progress", "net", "verify", "limit", "finite")
 
     def __init__(self, policy: DecodingPolicy, limit: int):
         self.policy, self.limit = policy, limit
-        self._steps: list[StepContext] = []
-        self._flags: list[torch.Tensor] = []
+        self._steps: dict[int, StepContext] = {}  # board step -> its context, since the last read
 
     def add(self, ctx: StepContext, state: Any) -> None:
-        """Compute the checks of the step just written (no host sync)."""
+        """Set the checks of the step just written (no host sync)."""
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         has_masks = ctx.fillable.any(1)
         net = ctx.commit.sum(1) - ctx.remask.sum(1)
         verified = ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)
-        self._steps.append(ctx)
-        self._flags.append(torch.stack([
-            *((getattr(ctx, sel) & ~ALLOWED[role][0](ctx)).any() for role, sel in
+        over = state.block_step[ctx.rows] > self.limit
+        hits = torch.stack([
+            *((getattr(ctx, sel) & ~ALLOWED[role][0](ctx)).any(1) for role, sel in
               (("m2t", "commit"), ("t2t", "edit"), ("remask", "remask"))),
-            (has_masks & ~ctx.commit.any(1)).any(),
-            (has_masks & ctx.remask.any(1) & (net < 1)).any(),
-            (verified & (state.block_step[ctx.rows] > self.limit)).any(),  # a verification forward past the bound
-            (ctx.live & (state.block_step[ctx.rows] > self.limit)).any(),
-            ~(torch.isfinite(ctx.confidence) | ~ctx.valid).all(),
-        ]))
+            has_masks & ~ctx.commit.any(1),
+            has_masks & ctx.remask.any(1) & (net < 1),
+            verified & over,  # a verification forward past the bound
+            ctx.live & over,
+            ~(torch.isfinite(ctx.confidence) | ~ctx.valid).all(1),
+        ], 1)
+        flags = board(state)
+        if ctx.rows.shape[0] != flags.rows:  # a context of some rows: their checks in their batch rows
+            hits = hits.new_zeros(flags.rows, len(CHECKS)).index_copy_(0, ctx.rows, hits)
+        self._steps[flags.step] = ctx
+        flags.set_many(CHECKS, hits, source=self)
+        flags.step += 1
 
-    def pending(self, device: torch.device) -> torch.Tensor:
-        """The flags of the steps since the last read, one after the other (empty before the first)."""
-        return torch.cat(self._flags) if self._flags else torch.zeros(0, dtype=torch.bool, device=device)
+    def forget(self) -> None:
+        """Drop the contexts of the steps a read covered (it found no failed check)."""
+        self._steps.clear()
 
-    def raise_if_failed(self, flags: list[int]) -> None:
-        """Raise :class:`StrategyError` naming the rule, row and position of the first failed check
-        of the steps :meth:`pending` covered, then forget them."""
-        steps, n = self._steps, len(self.NAMES)
-        self._steps, self._flags = [], []
-        for i, ctx in enumerate(steps):
-            self._raise(ctx, list(flags[i * n:(i + 1) * n]))
+    def context(self, step: int) -> StepContext:
+        """The context of board step ``step`` (for the messages)."""
+        return self._steps[step]
 
-    def _raise(self, ctx: StepContext, flags: list[int]) -> None:
-        if not any(flags):
-            return
-        policy = self.policy
-        failed = self.NAMES[flags.index(1)]
-        if failed in ALLOWED:
-            rule = getattr(policy, failed)
-            region, what = ALLOWED[failed]
-            outside = getattr(ctx, {"m2t": "commit", "t2t": "edit", "remask": "remask"}[failed]) & ~region(ctx)
-            r, w = (int(v) for v in outside.nonzero()[0])
-            raise StrategyError(
-                f"{rule.role} rule '{rule.name}' selected position {int(ctx.positions[r, w])} of batch row "
-                f"{int(ctx.rows[r])}, which is not {what}"
-            )
-        if failed == "progress":
-            r = int((ctx.fillable.any(1) & ~ctx.commit.any(1)).nonzero()[0, 0])
-            raise StrategyError(
-                f"m2t rule '{policy.m2t.name}' committed nothing in batch row {int(ctx.rows[r])} although its "
-                f"active block has {int(ctx.fillable[r].sum())} masked positions (every step must make progress)"
-            )
-        if failed == "net":
-            bad = ctx.fillable.any(1) & ctx.remask.any(1) & (ctx.commit.sum(1) - ctx.remask.sum(1) < 1)
-            r = int(bad.nonzero()[0, 0])
-            raise StrategyError(
-                f"remask rule '{policy.remask.name}' remasked {int(ctx.remask[r].sum())} positions in batch row "
-                f"{int(ctx.rows[r])} but only {int(ctx.commit[r].sum())} were committed (net progress must be >= 1)"
-            )
-        if failed == "verify":
-            raise StrategyError(
-                f"m2t rule '{policy.m2t.name}' asked for a verification forward past the bound of {self.limit} "
-                f"forwards per block (block schedule '{policy.blocks.name}' plus the rule's max_verify_forwards)")
-        if failed == "limit":
-            raise StrategyError(f"block schedule '{policy.blocks.name}' exceeded {self.limit} forwards in one block")
-        bad = (~torch.isfinite(ctx.confidence) & ctx.valid).any(1)
-        r = int(bad.nonzero()[0, 0])
-        raise NonFiniteLogitsError(
-            f"non-finite logits from the model in forward {int(ctx.step[r]) + 1} of batch row {int(ctx.rows[r])} "
+
+def _ctx_row(hit: FlagHit) -> tuple[StepChecks, StepContext, int]:
+    checks: StepChecks = hit.source
+    ctx = checks.context(hit.step)
+    r = int((ctx.rows == hit.row).nonzero()[0, 0])
+    return checks, ctx, r
+
+
+def _outside(role: str) -> Any:
+    def message(hit: FlagHit) -> str:
+        checks, ctx, r = _ctx_row(hit)
+        rule = getattr(checks.policy, role)
+        region, what = ALLOWED[role]
+        outside = getattr(ctx, {"m2t": "commit", "t2t": "edit", "remask": "remask"}[role])[r] & ~region(ctx)[r]
+        w = int(outside.nonzero()[0, 0])
+        return (f"{rule.role} rule '{rule.name}' selected position {int(ctx.positions[r, w])} of batch row "
+                f"{hit.row}, which is not {what}")
+    return message
+
+
+def _progress(hit: FlagHit) -> str:
+    checks, ctx, r = _ctx_row(hit)
+    return (f"m2t rule '{checks.policy.m2t.name}' committed nothing in batch row {hit.row} although its "
+            f"active block has {int(ctx.fillable[r].sum())} masked positions (every step must make progress)")
+
+
+def _net(hit: FlagHit) -> str:
+    checks, ctx, r = _ctx_row(hit)
+    return (f"remask rule '{checks.policy.remask.name}' remasked {int(ctx.remask[r].sum())} positions in batch row "
+            f"{hit.row} but only {int(ctx.commit[r].sum())} were committed (net progress must be >= 1)")
+
+
+def _verify(hit: FlagHit) -> str:
+    checks: StepChecks = hit.source
+    policy = checks.policy
+    return (f"m2t rule '{policy.m2t.name}' asked for a verification forward past the bound of {checks.limit} "
+            f"forwards per block (block schedule '{policy.blocks.name}' plus the rule's max_verify_forwards)")
+
+
+def _limit(hit: FlagHit) -> str:
+    checks: StepChecks = hit.source
+    return f"block schedule '{checks.policy.blocks.name}' exceeded {checks.limit} forwards in one block"
+
+
+def _finite(hit: FlagHit) -> str:
+    _, ctx, r = _ctx_row(hit)
+    return (f"non-finite logits from the model in forward {int(ctx.step[r]) + 1} of batch row {hit.row} "
             f"(positions {ctx.positions[r][~torch.isfinite(ctx.confidence[r]) & ctx.valid[r]].tolist()[:8]}): "
-            "check the weights (load_model(..., check_finite=True)) and the dtype"
-        )
+            "check the weights (load_model(..., check_finite=True)) and the dtype")
 
 
-class NonFiniteLogitsError(StrategyError):
-    """The model produced NaN or infinite logits where the rules read them."""
+CHECKS = (  # StepChecks.NAMES as device flags, in that order
+    DeviceFlag("m2t", _outside("m2t")),
+    DeviceFlag("t2t", _outside("t2t")),
+    DeviceFlag("remask", _outside("remask")),
+    DeviceFlag("progress", _progress),
+    DeviceFlag("net", _net),
+    DeviceFlag("verify", _verify),
+    DeviceFlag("limit", _limit),
+    DeviceFlag("finite", _finite, NonFiniteLogitsError),
+)
+declare("the step checks", CHECKS)
 
 
 def _spec(rule: Strategy) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlm_toolkit.policy import StrategyError
+from dlm_toolkit.flags import StrategyError
 
 
 class Keys(enum.Enum):

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.segments import Keys, Segment
@@ -66,9 +65,8 @@ class ShadowHook(StepHook):
     def key(self) -> str:
         return "shadow"
 
-    def check_policy(self, policy: DecodingPolicy) -> None:
-        # the shadow block copies the block of length block_length starting at the block's start
-        require_fixed_blocks(policy.blocks, f"{self.name} (a shadow block)")
+    # the shadow block copies the block of length block_length starting at the block's start
+    needs_fixed_block = "a shadow block"
 
     def check_model(self, model: DiffusionLM) -> None:
         """Refuse a full-attention model."""

@@ -58,10 +58,9 @@ class DecodeState:
     block_lo: torch.Tensor | None = None  # (N,) absolute start of the active block
     block_hi: torch.Tensor | None = None  # (N,) its end (exclusive)
     block_width: int = 0  # the widest active block a dynamic schedule may propose (its window_width)
-    bounds_error: torch.Tensor | None = None  # (N,) bool: a proposal left [prompt_len, length); read by the engine
-    # (N, 4) long: each row's first bad insert/delete edit (kind, block lo, block hi, position; kind 0:
-    # none), set by dlm_toolkit.indel and read by the engine; None until an insert/delete rule ran
-    indel_error: torch.Tensor | None = None
+    # the device flags set so far (a dlm_toolkit.flags.FlagBoard: errors the engine's next host read
+    # raises); made by the engine's first read
+    flags: Any = None
     cache: Any = None
     cache_len: torch.Tensor | None = None  # (N,) absolute positions held in the KV cache
     memory: dict[str, Any] = field(default_factory=dict)

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from dlm_toolkit import rng
-from dlm_toolkit.blocks_dynamic import require_fixed_blocks
 from dlm_toolkit.canvas import drafted_canvas
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
@@ -102,10 +101,9 @@ class VerifyHook(StepHook):
         self.verifier, self.rule_name, self.temperature = verifier, rule_name, temperature
         self.name = f"m2t rule '{rule_name}'"
 
-    def check_policy(self, policy: DecodingPolicy) -> None:
-        # the verification forward copies the block of length block_length starting at the block's
-        # start and assumes the cache ends at the window start: a block that moves and grows breaks both
-        require_fixed_blocks(policy.blocks, f"{self.name} (a verification forward)")
+    # the verification forward copies the block of length block_length starting at the block's start
+    # and assumes the cache ends at the window start: a block that moves and grows breaks both
+    needs_fixed_block = "a verification forward"
 
     def check_model(self, model: DiffusionLM) -> None:
         """Refuse a full-attention model (it has no autoregressive mode to verify with)."""

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T, M2T, ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.indel import Indel, indel_step
+from dlm_toolkit.flags import pending_payload
+from dlm_toolkit.indel import INDEL, Indel, indel_step
 from dlm_toolkit.registry import REGISTRIES
 from dlm_toolkit.state import DecodeState
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
@@ -112,7 +113,7 @@ def test_the_shift_equals_a_plain_list_walk(trial):
                         out.append(t)
                 overflow = any(t[0] != mask for t in out[end - start:])
                 want = triples if overflow else out[:end - start] + [(mask, -1, 0.0)] * (end - start - len(out))
-                assert (state.indel_error is not None and int(state.indel_error[r, 0]) == 3) == overflow
+                assert (pending_payload(state, INDEL) is not None and int(pending_payload(state, INDEL)[r, 0]) == 3) == overflow
                 toks = reference_shift(canvas[start:end], ins, dele, mask)
                 assert (toks is None) == overflow and (overflow or toks == [t[0] for t in want])
                 applied = not overflow
