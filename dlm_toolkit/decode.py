@@ -5,9 +5,10 @@ which rows are live (finishing blocks that need no forward), ``blocks.window`` w
 logits are used, the model runs with the attention pattern and KV-cache boundary the schedule
 declares, the policy's rules choose what to commit / edit / remask, the canvas is written, and
 ``blocks.finish_step`` ends converged blocks. What a rule adds to the step (a verification forward,
-the shadow block, insert/delete edits, a plug-in's hook) runs at three fixed stages, after the
-forward, after the rules and after the write (:mod:`dlm_toolkit.hooks`); the loop does not know
-which hooks it runs. Strategies keep no state; the :class:`DecodeState` holds it all.
+the shadow block, insert/delete edits, a plug-in's hook) runs at fixed stages: segments added to the
+forward, after the forward, after the rules and after the write (:mod:`dlm_toolkit.hooks`); the loop
+does not know which hooks it runs. Every canvas write is :mod:`dlm_toolkit.canvas`'s. Strategies
+keep no state; the :class:`DecodeState` holds it all.
 
 The forwards themselves (shapes, attention patterns, the KV cache, the one host read per step) are
 :class:`~dlm_toolkit.engine.StepEngine`'s, in :mod:`dlm_toolkit.engine`.
@@ -20,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from dlm_toolkit.canvas import write_step
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
@@ -30,7 +32,6 @@ from dlm_toolkit.rule_capture import RuleRunners
 from dlm_toolkit.state import DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy import StepContext
 from dlm_toolkit.trajectory import Trajectory
-from dlm_toolkit.indel import written_window
 
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a captured step is built for; larger batches are split
@@ -117,7 +118,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     state.done[n:] = True
     hooks = HookStages(policy.hooks)  # what the rules add to the step (dlm_toolkit.hooks)
     engine = StepEngine(model, blocks, state, cached, mode, COMPILE_BACKEND, trim=mode == "eager" and check_every == 1,
-                        **hooks.engine_options)
+                        segment_hooks=hooks.step_segments)
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     trajectory = Trajectory(n_rows=n) if record else None
     checks = StepChecks(policy, policy.forward_limit())
@@ -139,7 +140,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
             rules_step(ctx, state.memory)
             for after_rules in hooks.after_rules:
                 after_rules(ctx, engine, state)
-            write(state, ctx)
+            write_step(state, ctx)
             for after_write in hooks.after_write:
                 after_write(ctx, state)
             blocks.finish_step(state, ctx)
@@ -222,49 +223,3 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
     )
     ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx
-
-
-def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(at_pos, same)``: the canvas position each window slot writes (padding clamps onto real
-    positions) and the window slot holding that position, whose value every write there carries."""
-    at_pos = ctx.positions.clamp(0, length - 1)
-    return at_pos, (at_pos - ctx.positions[:, :1]).clamp(0, ctx.positions.shape[1] - 1)
-
-
-def write(state: DecodeState, ctx: StepContext) -> None:
-    """Write commits, edits and remasks of one step at once, and count them (live rows only).
-
-    The whole window is written back (unselected positions with their old values), so no host
-    sync is needed to find the selected ones. Padding positions clamp onto canvas positions that
-    may also be in the window; each write there carries the value that position ends with, so
-    repeated indices always write the same value.
-    """
-    assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
-    rows, live = ctx.rows, ctx.live
-    at_pos, same = window_slots(ctx, state.canvas.shape[1])
-    at = (rows[:, None], at_pos)
-    wrote = ctx.commit | ctx.edit
-    state.canvas[at] = written_window(ctx).gather(1, same)
-    step = state.nfe[rows, None]
-    state.written_step[at] = torch.where(ctx.remask, -1, torch.where(wrote, step, ctx.written_step)).gather(1, same)
-    state.written_conf[at] = torch.where(ctx.remask, 0.0, torch.where(wrote, ctx.confidence, ctx.written_conf)).gather(1, same)
-    n_commit = ctx.commit.sum(1)
-    step_counts = torch.stack(  # one row per context row, columns as COUNTERS
-        [
-            torch.ones_like(n_commit),
-            n_commit,
-            ctx.edit.sum(1),
-            ctx.remask.sum(1),
-            (n_commit >= 2).long(),
-            ctx.post.long(),
-            (ctx.post & ctx.edit.any(1)).long(),
-            (ctx.block_step == 0).long(),
-            torch.zeros_like(n_commit),  # forward_tokens: counted by the forwards
-            torch.zeros_like(n_commit),  # inserts, deletes: counted by dlm_toolkit.indel
-            torch.zeros_like(n_commit),
-        ],
-        dim=1,
-    ) * live[:, None]
-    state.counts.index_add_(0, rows, step_counts)
-    state.block_masked[rows] -= step_counts[:, 1] - step_counts[:, 3]  # commits and remasks stay in the block
-    state.block_step[rows] += live.long()

@@ -26,21 +26,31 @@ Why every row forwards every step (behind ``live``) rather than the batch being 
 rows still decoding: compaction needs the host to know which rows those are (a read) and gives
 each step a different batch shape (a capture per count). The price is compute spent on finished
 rows until the slowest row of the batch is done.
+
+One forward primitive, :meth:`StepEngine.run`: a forward is a list of
+:class:`~dlm_toolkit.segments.Segment` objects (the step's window span first, then what hooks
+append: the shadow block; or a hook's own forward: the verification's drafted span and masked
+copy), which it lays out into ids, positions and the attention mask (cache columns included), runs
+through the runner of that width, times and counts (``forward_calls``, ``forward_tokens``, and for
+a hook's own forward ``nfe`` and ``block_step`` of its rows). The engine knows no hook by name:
+hooks add segments through the ``step_segments`` stage (:mod:`dlm_toolkit.hooks`) and read their
+logits with :meth:`StepEngine.segment_logits`, or run :meth:`StepEngine.extra_forward`.
 """
 
 from __future__ import annotations
 
 import weakref
 from time import perf_counter
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from dlm_toolkit import shadow as shadow_block
-from dlm_toolkit.flags import DeviceFlag, FlagHit, board, declare
+from dlm_toolkit.flags import DeviceFlag, FlagHit, StrategyError, board, declare
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.policy import StepChecks
+from dlm_toolkit.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.state import COUNTERS, DecodeState
+from dlm_toolkit.strategy import BlockSchedule
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 CaptureMode = Literal["eager", "compile", "cuda_graphs"]
@@ -65,11 +75,12 @@ class StepEngine:
     pattern and KV-cache writes, and the runner that executes the model (module docstring)."""
 
     def __init__(self, model: DiffusionLM, blocks: Any, state: DecodeState, cached: bool, mode: CaptureMode,
-                 backend: str, trim: bool = False, shadow: bool = False):
+                 backend: str, trim: bool = False, segment_hooks: Sequence[tuple[Any, Callable[..., Any]]] = ()):
         self.model, self.blocks, self.state, self.cached, self.mode = model, blocks, state, cached, mode
         self.backend = backend  # torch.compile's backend in mode "compile" (the decode module's COMPILE_BACKEND)
-        self.shadow = shadow  # append a shadow block to every step's forward (dlm_toolkit.shadow)
-        self.shadow_logits: torch.Tensor | None = None  # (N, block_length, V) of the last forward
+        # (hook, its step_segments): segments appended to every step forward (dlm_toolkit.hooks)
+        self.segment_hooks = list(segment_hooks)
+        self.added: dict[int, list[torch.Tensor]] = {}  # by id(hook): its segment logits of the last step forward
         # Eager decodes that read the host every step have no capture to keep shapes for: each forward
         # then takes only the live rows, the cache columns some row has filled and (cache off) the
         # canvas up to the furthest window end: the same logits for every real query, with less work.
@@ -83,6 +94,10 @@ class StepEngine:
         self.fresh = True  # the next forward follows a read (which chose self.width)
         self.prefilled = not cached
         self.eyes: dict[int, torch.Tensor] = {}
+        self.aranges: dict[int, torch.Tensor] = {}
+        # the default groups depend only on the position and the row's origin: one (N, S) table per decode
+        self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
+        self.cache_group: torch.Tensor | None = None
         self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
         self.canvas_pos = torch.arange(self.length, device=state.device).expand(n, -1)  # (N, L)
         if cached:
@@ -155,34 +170,119 @@ class StepEngine:
         s.counts[:, FORWARD_TOKENS] += real.sum(1)
         s.cache_len = torch.where(live, boundary, s.cache_len)
 
-    # -- one step's forward -----------------------------------------------------------------
+    # -- the forward primitive ----------------------------------------------------------------
+    def eye(self, t: int) -> torch.Tensor:
+        """(T, T) bool identity, one per width (every slot sees itself)."""
+        eye = self.eyes.get(t)
+        if eye is None:
+            eye = self.eyes[t] = torch.eye(t, dtype=torch.bool, device=self.state.device)
+        return eye
+
     def pattern(self, pos: torch.Tensor, real: torch.Tensor,
                 group: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, T, T) bool attention among the forward's own positions: a real query sees the real keys
+        """(N, T, T) bool attention among one segment's own positions: a real query sees the real keys
         the schedule's groups allow (every real key for full attention); a padding query sees only
         itself (no empty row, nothing that could leak into real positions). ``group``: the
         schedule's attention groups of ``pos`` when the caller has them."""
-        t = pos.shape[1]
-        allowed = real[:, None, :] & real[:, :, None]
-        if not self.full:
-            if group is None:
-                group = self.blocks.attention_groups(self.state, self.state.all_rows, pos)
-            allowed = allowed & (group[:, None, :] <= group[:, :, None])
-        eye = self.eyes.get(t)
-        if eye is None:
-            eye = self.eyes[t] = torch.eye(t, dtype=torch.bool, device=pos.device)
-        return allowed | eye
+        if not self.full and group is None:
+            group = self.blocks.attention_groups(self.state, self.state.all_rows, pos)
+        one = Segment(pos, pos, real, None if self.full else group)
+        return layout([one], self.eye(pos.shape[1]))[2]
 
-    def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-        """Logits ``(N, W, V)`` of the window ``hi - W + [0, W)`` of every row (rows not live and
-        positions before ``lo`` are padding)."""
+    def groups(self, pos: torch.Tensor) -> torch.Tensor | None:
+        """(N, T) attention groups of canvas positions ``pos`` (the block schedule's), ``None`` for
+        full attention. With the default groups: looked up in the decode's one table
+        (:meth:`cache_groups`; positions past the canvas take the last one's, which only padding
+        slots hold)."""
+        if self.full:
+            return None
+        if self.static_groups:
+            return self.cache_groups().gather(1, pos.clamp(0, self.length - 1))
+        return self.blocks.attention_groups(self.state, self.state.all_rows, pos)
+
+    def cache_groups(self) -> torch.Tensor:
+        """(N, S) attention groups of every canvas position, which the cached prefix is seen by. A
+        schedule with the default groups (block of the position, from the row's origin) has the
+        same table the whole decode: built once; any other schedule's groups may follow its moving
+        blocks and are built for every forward."""
+        if self.static_groups:
+            if self.cache_group is None:
+                self.cache_group = self.blocks.attention_groups(self.state, self.state.all_rows, self.canvas_pos)
+            return self.cache_group
+        return self.blocks.attention_groups(self.state, self.state.all_rows, self.canvas_pos)
+
+    def run(self, segments: list[Segment], nfe_rows: torch.Tensor | None = None,
+            trim: bool = False) -> list[torch.Tensor]:
+        """THE forward of the engine: lay ``segments`` side by side (:func:`~dlm_toolkit.segments.layout`),
+        add the KV-cache columns (cached keys each segment sees, the slots it writes), run the
+        model through the runner of that width, time it, count it, and return each segment's
+        logits ``(N, T_i, V)``.
+
+        Counters: one ``forward_calls``; every real slot of every segment in ``forward_tokens`` of
+        its row; with ``nfe_rows`` ((N,) bool) the forward is also one NFE of those rows (``nfe``
+        and the per-block forward count ``block_step`` that the per-block bound checks). ``trim``
+        (the step forward of an eager decode that reads every step): only the rows live in the
+        read and the cache columns some row filled."""
+        s = self.state
+        ids, pos, allowed = layout(segments, self.eye(sum(seg.width for seg in segments)))
+        real = torch.cat([seg.real for seg in segments], 1) if len(segments) > 1 else segments[0].real
+        if self.cached:
+            assert s.cache_len is not None
+            cols = self.needed if trim else self.length  # trimmed: only the columns some live row has filled
+            in_cache = self.canvas_pos[:, :cols] < s.cache_len[:, None]
+            seen = cache_seen(segments, in_cache, self.cache_groups()[:, :cols])
+            args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), cache_writes(segments))
+        else:
+            args = (ids, pos, allowed)
+        run = self.runner(pos.shape[1])
+        t0 = perf_counter()
+        if trim and self.live_rows is not None and len(self.live_rows) < s.batch_size:
+            logits = self.forward_rows(self.live_rows, args)
+        else:
+            logits = run(*args)
+        s.model_time += perf_counter() - t0
+        s.forward_calls += 1
+        s.counts[:, FORWARD_TOKENS] += real.sum(1)
+        if nfe_rows is not None:
+            s.counts[:, 0] += nfe_rows.long()  # nfe
+            s.block_step += nfe_rows.long()
+        if len(segments) == 1:
+            return [logits]
+        return list(logits.split([seg.width for seg in segments], 1))
+
+    def extra_forward(self, segments: Sequence[Segment], rows: torch.Tensor) -> list[torch.Tensor]:
+        """A forward of its own for a hook (e.g. a verification): ``segments`` as :meth:`run` lays
+        them out (the first is the primary one), counted as one NFE of each of ``rows`` ((N,) bool)
+        and one ``forward_calls``; each segment's logits. Shapes: the captured runner is per width,
+        so a captured decode should keep to the widths its steps use (``window_width()`` plus a
+        block with the cache; the canvas plus a block without) or accept one capture more."""
+        who, n = "extra_forward", self.state.batch_size
+        segments = [check(seg, n, who) for seg in segments]
+        if not segments:
+            raise StrategyError(f"{who}: needs at least one segment")
+        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool or tuple(rows.shape) != (n,):
+            got = (f"{rows.dtype} tensor of shape {tuple(rows.shape)}" if isinstance(rows, torch.Tensor)
+                   else type(rows).__name__)
+            raise StrategyError(f"{who}: rows must be a bool tensor of shape ({n},), got {got}")
+        return self.run(segments, nfe_rows=rows)
+
+    def segment_logits(self, hook: Any) -> list[torch.Tensor]:
+        """The logits ``(N, T_i, V)`` of the segments ``hook``'s ``step_segments`` added to the last step
+        forward (empty when it added none)."""
+        return self.added.get(id(hook), [])
+
+    # -- one step's forward -----------------------------------------------------------------
+    def window(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+               ) -> tuple[Segment, torch.Tensor, torch.Tensor | None]:
+        """The step's primary segment: the span of every row's window, as wide as the engine's
+        width; ``(segment, first, boundary)``: ``first`` (N, 1) the span's start (negative: left
+        padding), ``boundary`` (N,) the schedule's cache boundary (``None`` without the cache)."""
         s, blocks = self.state, self.blocks
-        rows = s.all_rows
         width = self.width if self.fresh or not self.cached else max(self.width, self.window_width + self.block_length)
         self.fresh = False
         if self.cached:  # the span ends at the window's end; before the cached length is padding
             assert s.cache_len is not None
-            pos = hi[:, None] - width + torch.arange(width, device=s.device)
+            pos = hi[:, None] - width + self.arange(width)
             real = live[:, None] & (pos >= s.cache_len[:, None])
             self.overflow |= (live & (hi - s.cache_len > width)).any()
         elif self.full:  # the row's whole canvas, left-padded so its last query is real
@@ -196,44 +296,61 @@ class StepEngine:
             real = live[:, None] & (pos < hi[:, None])
         first = pos[:, :1]  # the span's start (may be negative: left padding)
         pos = pos.clamp(0, self.length - 1)
-        ids = s.canvas.gather(1, pos)
-        group = None if self.full else blocks.attention_groups(s, rows, pos)  # (N, T)
-        allowed = self.pattern(pos, real, group)
-        seen = write = in_cache = cache_group = None
+        write = boundary = None
         if self.cached:
-            assert s.cache_len is not None and group is not None
-            boundary = blocks.cache_boundary(s, rows, lo, hi)
-            cache_group = blocks.attention_groups(s, rows, self.canvas_pos)  # (N, S)
-            in_cache = self.canvas_pos < s.cache_len[:, None]
-            seen = in_cache[:, None, :] & real[:, :, None] & (cache_group[:, None, :] <= group[:, :, None])
-            if self.trim:  # only the columns some live row has filled
-                seen = seen[:, :, :self.needed]
+            boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             write = real & (pos < boundary[:, None])
+        group = self.groups(pos)
+        own = None
+        if not self.cached and not self.full and self.static_groups:
+            own = self.prefix_pattern(pos, real, hi, group)
+        return Segment(s.canvas.gather(1, pos), pos, real, group, write=write, own=own), first, boundary
+
+    def prefix_pattern(self, pos: torch.Tensor, real: torch.Tensor, hi: torch.Tensor,
+                       group: torch.Tensor | None) -> torch.Tensor:
+        """(N, T, T) the window's own attention without the cache, for the default groups, in one
+        comparison: ``pos`` is the canvas from 0 and ``real`` its positions before ``hi`` (live rows),
+        and a group ends at ``origin + (group + 1) * block_length`` (groups rise with the position;
+        -1 before the origin), so a real query sees exactly the keys before the nearer of its
+        group's end and ``hi``; a padding query none (the layout adds every slot itself)."""
+        assert group is not None
+        end = self.state.origin[:, None] + (group + 1) * self.block_length
+        limit = torch.where(real, torch.minimum(end, hi[:, None]), 0)
+        return pos[:, None, :] < limit[:, :, None]
+
+    def arange(self, n: int) -> torch.Tensor:
+        """``arange(n)`` on the decode's device, one per length."""
+        out = self.aranges.get(n)
+        if out is None:
+            out = self.aranges[n] = torch.arange(n, device=self.state.device)
+        return out
+
+    def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Logits ``(N, W, V)`` of the window ``hi - W + [0, W)`` of every row (rows not live and
+        positions before ``lo`` are padding). The hooks' ``step_segments`` append their segments to
+        this forward; their logits are :meth:`segment_logits`."""
+        s = self.state
+        window, first, boundary = self.window(live, lo, hi)
+        segments, owners = [window], []
+        for hook, add in self.segment_hooks:
+            who = getattr(hook, "name", type(hook).__name__)
+            added = [check(seg, s.batch_size, f"{who} (step_segments)") for seg in add(self, s, live, window)]
+            segments += added
+            owners.append((hook, len(added)))
+        logits = self.run(segments, trim=self.trim)
+        if boundary is not None:
+            assert s.cache_len is not None
             s.cache_len = torch.where(live, boundary, s.cache_len)
-        if self.shadow:  # WINO's shadow block after the window (dlm_toolkit.shadow)
-            assert group is not None
-            ids, pos, allowed, seen, write, shadow_real = shadow_block.add_shadow(
-                s, blocks, live, pos, real, group, ids, allowed, seen, write, in_cache, cache_group)
-            real = torch.cat([real, shadow_real], 1)
-        run = self.runner(pos.shape[1])
-        if seen is not None:
-            assert write is not None
-            args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), write)
-        else:
-            args = (ids, pos, allowed)
-        t0 = perf_counter()
-        if self.trim and self.live_rows is not None and len(self.live_rows) < s.batch_size:
-            logits = self.forward_rows(self.live_rows, args)
-        else:
-            logits = run(*args)
-        s.model_time += perf_counter() - t0
-        s.forward_calls += 1
-        s.counts[:, FORWARD_TOKENS] += real.sum(1)
-        w = self.window_width
-        if self.shadow:
-            self.shadow_logits = logits[:, width:]
-        index = (hi[:, None] - w + torch.arange(w, device=s.device) - first).clamp(0, width - 1)
-        return logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
+        self.added, at = {}, 1
+        for hook, count in owners:
+            self.added[id(hook)] = logits[at:at + count]
+            at += count
+        out, width, w = logits[0], window.width, self.window_width
+        if self.cached:  # the span ends at the window's end: its last W slots
+            out = out[:, width - w:]  # captured: a contiguous copy (a graph's output buffer; one layout for the rules)
+            return out if self.mode == "eager" else out.clone()
+        index = (hi[:, None] - w + self.arange(w) - first).clamp(0, width - 1)
+        return out.gather(1, index[:, :, None].expand(-1, -1, out.shape[-1]))
 
     def forward_rows(self, keep: torch.Tensor, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """(trim) The forward of rows ``keep`` only, as logits of every row (rows left out: zeros;

@@ -12,7 +12,9 @@ stage                              when
 ``check_policy(policy)``           once, when the policy is built (refuse combinations: ConfigError)
 ``check_model(model)``             once per decode, before anything runs (refuse a model)
 ``forward_budget(policy)``         forwards one block may take beyond the schedule's bound
-``engine_options()``               flags the :class:`~dlm_toolkit.engine.StepEngine` is built with
+``step_segments(...)``             ``(eng, state, live, window)``, while the step's forward is laid out:
+                                   segments (:class:`~dlm_toolkit.segments.Segment`) to append to it;
+                                   their logits are ``eng.segment_logits(self)`` from ``after_forward`` on
 ``after_forward(ctx, eng, state)`` after the step's forward, before the rules (set its ``ctx.hooks`` outputs)
 ``after_rules(ctx, eng, state)``   after the rules chose ``commit/edit/remask``, before the write
 ``after_write(ctx, state)``        after the canvas write, before the block schedule reacts
@@ -31,6 +33,10 @@ stage overridden with another number of arguments, a malformed declaration, and 
 one output, each as one :class:`~dlm_toolkit.config.ConfigError` naming the hook. A hook that replaces
 ``ctx.commit/edit/remask`` is recorded (:class:`HookStages`), so a step check that finds a selection
 outside its role's region names the hook that put the position there, not the rule.
+
+A hook that needs a forward of its own (a verification) runs it from a stage with
+:meth:`StepEngine.extra_forward(segments, rows) <dlm_toolkit.engine.StepEngine.extra_forward>`,
+counted as one NFE of ``rows``; the engine lays it out, runs and counts it like the step's own.
 
 Two declared properties say which hooks cannot run together: ``moves_block`` (the hook moves or
 resizes the active block, e.g. dynamic blocks) and ``needs_fixed_block`` (a non-empty reason: the
@@ -55,9 +61,12 @@ from dlm_toolkit.flags import DeviceFlag
 from dlm_toolkit.strategy import Declared, HookOutputs, Output, hook_label
 
 if TYPE_CHECKING:
+    import torch
+
     from dlm_toolkit.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
     from dlm_toolkit.policy import DecodingPolicy
+    from dlm_toolkit.segments import Segment
     from dlm_toolkit.state import DecodeState
     from dlm_toolkit.strategy import StepContext
 
@@ -100,9 +109,13 @@ class StepHook:
         declaring rule's method, e.g. ``max_indel_forwards(32)``)."""
         return "forward_budget()"
 
-    def engine_options(self) -> dict[str, Any]:
-        """Keyword flags for the step engine (e.g. ``{"shadow": True}``)."""
-        return {}
+    def step_segments(self, engine: StepEngine, state: DecodeState, live: torch.Tensor,
+                      window: Segment) -> Sequence[Segment]:
+        """Segments to append to every step forward (after ``window``, the step's primary segment;
+        ``live`` (N,) bool the rows that forward). Their logits, in order, are
+        ``engine.segment_logits(self)`` in the later stages of the step. They add ``forward_tokens``
+        (their real slots), never an NFE."""
+        return ()
 
     def after_forward(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
         """After the step's forward, before the rules."""
@@ -250,9 +263,8 @@ class HookStages:
         def overriding(stage: str) -> list[Callable[..., None]]:
             return [_as_writer(h, stage) for h in hooks if getattr(type(h), stage) is not getattr(StepHook, stage)]
 
+        self.step_segments = [(h, h.step_segments) for h in hooks
+                              if type(h).step_segments is not StepHook.step_segments]
         self.after_forward = overriding("after_forward")
         self.after_rules = overriding("after_rules")
         self.after_write = overriding("after_write")
-        self.engine_options: dict[str, Any] = {}
-        for h in hooks:
-            self.engine_options.update(h.engine_options())

@@ -53,16 +53,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dlm_toolkit.canvas import window_values, write_shift
+from dlm_toolkit.canvas import written_window  # noqa: F401  (rules read it as indel.written_window)
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.flags import DeviceFlag, FlagHit, StrategyError, set_flag
 from dlm_toolkit.hooks import StepHook
-from dlm_toolkit.state import COUNTERS, DecodeState
+from dlm_toolkit.state import DecodeState
 from dlm_toolkit.strategy import Output, StepContext
 
 if TYPE_CHECKING:
     from dlm_toolkit.policy import DecodingPolicy
 
-INSERTS, DELETES = COUNTERS.index("inserts"), COUNTERS.index("deletes")
 # kinds of an insert/delete error (column 0 of the INDEL flag's payload)
 BAD_INSERT, BAD_DELETE, OVERFLOW = 1, 2, 3
 
@@ -139,14 +140,6 @@ def region_end(region: torch.Tensor) -> torch.Tensor:
     return region & ~torch.cat([region[:, 1:], torch.zeros_like(region[:, :1])], 1)
 
 
-def written_window(ctx: StepContext) -> torch.Tensor:
-    """(B, W) long: the window's tokens as this step's write leaves them (commits and edits written,
-    remasks applied; the engine's write stores exactly this); ``ctx.tokens`` are the tokens before the step."""
-    assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
-    wrote = torch.where(ctx.commit | ctx.edit, ctx.sampled, ctx.tokens)
-    return wrote.masked_fill(ctx.remask, ctx.mask_token_id)
-
-
 def shift_block(tokens: torch.Tensor, written_step: torch.Tensor, written_conf: torch.Tensor, region: torch.Tensor,
                 insert: torch.Tensor, delete: torch.Tensor, mask_token_id: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -178,12 +171,8 @@ def indel_step(state: DecodeState, ctx: StepContext, rule: Indel) -> None:
     step's write, before the block schedule reacts): canvas, provenance, counters, ``block_masked``,
     the error flag the engine reads; ``ctx.hooks.insert/delete`` get what was applied and ``ctx.post`` is
     cleared in rows whose block changed (module docstring)."""
-    from dlm_toolkit.decode import window_slots
-
     insert, delete = checked(rule, ctx, rule.indel(ctx))
-    at_pos, same = window_slots(ctx, state.canvas.shape[1])
-    at = (ctx.rows[:, None], at_pos)
-    tokens, step, conf = state.canvas[at], state.written_step[at], state.written_conf[at]
+    tokens, step, conf = window_values(state, ctx)
     region = indel_region(ctx)
     mask = state.mask_token_id
     bad_insert = insert & ~region
@@ -193,12 +182,7 @@ def indel_step(state: DecodeState, ctx: StepContext, rule: Indel) -> None:
     new_tokens, new_step, new_conf, overflow = shift_block(tokens, step, conf, region, insert, delete, mask)
     applied = ~bad & ~overflow
     insert, delete = insert & applied[:, None], delete & applied[:, None]
-    state.canvas[at] = new_tokens.gather(1, same)
-    state.written_step[at] = new_step.gather(1, same)
-    state.written_conf[at] = new_conf.gather(1, same)
-    state.counts[:, INSERTS:DELETES + 1].index_add_(0, ctx.rows, torch.stack([insert.sum(1), delete.sum(1)], 1))
-    masks_in = (region & (new_tokens == mask)).sum(1) - (region & (tokens == mask)).sum(1)
-    state.block_masked[ctx.rows] += masks_in
+    write_shift(state, ctx, region, tokens, new_tokens, new_step, new_conf, insert, delete)
     changed = (insert | delete).any(1)
     ctx.post = ctx.post & ~changed
     ctx.hooks.insert, ctx.hooks.delete = insert, delete

@@ -5,8 +5,8 @@ A role option, not a new role: a rule (any role) that also subclasses :class:`Sh
 Policies, configs and every existing rule are unchanged (a policy without a ``Shadow`` rule never
 runs this module, and its forwards are exactly as before).
 
-The engine appends a *shadow block* to every step's forward: one mask token at each absolute
-position of the active block, after the window. Attention (block-causal models):
+The hook appends a *shadow block* (:func:`shadow_segment`) to every step's forward: one mask token
+at each absolute position of the active block, after the window. Attention (block-causal models):
 
 - a window query never sees the shadow, so the window's logits, the sampling and the KV-cache
   writes are those of the forward without it (and nothing of the shadow is cached);
@@ -34,6 +34,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.segments import Keys, Segment
 from dlm_toolkit.strategy import Output
 
 if TYPE_CHECKING:
@@ -77,44 +78,29 @@ class ShadowHook(StepHook):
             raise ConfigError(f"{self.name} reads a shadow block, which copies the active block's attention group; "
                               f"this model's attention is '{model.attention}' (a block-causal model is needed)")
 
-    def engine_options(self) -> dict[str, bool]:
-        return {"shadow": True}
+    def step_segments(self, engine: StepEngine, state: DecodeState, live: torch.Tensor,
+                      window: Segment) -> list[Segment]:
+        return [shadow_segment(engine, state, live)]
 
     def after_forward(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
-        if engine.shadow_logits is not None:
-            ctx.hooks.shadow_confidence = shadow_confidence(ctx, engine.shadow_logits, state)
+        added = engine.segment_logits(self)
+        if added:
+            ctx.hooks.shadow_confidence = shadow_confidence(ctx, added[0], state)
 
 
-def add_shadow(state: DecodeState, blocks: object, live: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
-               group: torch.Tensor, ids: torch.Tensor, allowed: torch.Tensor, seen: torch.Tensor | None,
-               write: torch.Tensor | None, in_cache: torch.Tensor | None, cache_group: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-    """The forward's inputs with the shadow block appended: ``(ids, pos, allowed, seen, write,
-    shadow_real)`` (module docstring). ``pos`` / ``real`` / ``group`` (N, T): the window's absolute
-    positions, real slots and attention groups; ``allowed`` (N, T, T); with the KV cache ``seen``
-    (N, T, S), ``write`` (N, T), ``in_cache`` / ``cache_group`` (N, S) as the engine built them."""
+def shadow_segment(engine: StepEngine, state: DecodeState, live: torch.Tensor) -> Segment:
+    """The shadow block as a segment of the step's forward (module docstring): one mask token at
+    each absolute position of the active block of every live row; it sees the cached prefix and
+    the window's keys of its group or earlier except its own position, every shadow key, and is
+    never cached; the window does not see it (the window's segment sees no other segment)."""
     s = state
-    n, t = pos.shape
     bl = s.block_length
     lo, hi = s.block_bounds(s.all_rows)
-    spos = lo[:, None] + torch.arange(bl, device=pos.device)  # (N, bl)
+    spos = lo[:, None] + engine.arange(bl)  # (N, bl)
     sreal = live[:, None] & (spos < hi[:, None])
     spos = spos.clamp(0, s.canvas.shape[1] - 1)
-    sgroup = blocks.attention_groups(s, s.all_rows, spos)  # type: ignore[attr-defined]
-    # shadow query i: the window keys its block may see, minus the key at its own position
-    to_window = (real[:, None, :] & sreal[:, :, None] & (group[:, None, :] <= sgroup[:, :, None])
-                 & (pos[:, None, :] != spos[:, :, None]))  # (N, bl, T)
-    to_shadow = (sreal[:, None, :] & sreal[:, :, None]) | torch.eye(bl, dtype=torch.bool, device=pos.device)
-    top = torch.cat([allowed, allowed.new_zeros(n, t, bl)], 2)  # window queries never see the shadow
-    allowed = torch.cat([top, torch.cat([to_window, to_shadow], 2)], 1)
-    ids = torch.cat([ids, torch.full_like(spos, s.mask_token_id)], 1)
-    pos = torch.cat([pos, spos], 1)
-    if seen is not None:
-        assert write is not None and in_cache is not None and cache_group is not None
-        shadow_seen = in_cache[:, None, :] & sreal[:, :, None] & (cache_group[:, None, :] <= sgroup[:, :, None])
-        seen = torch.cat([seen, shadow_seen[:, :, :seen.shape[2]]], 1)
-        write = torch.cat([write, torch.zeros_like(sreal)], 1)  # the shadow is never cached
-    return ids, pos, allowed, seen, write, sreal
+    return Segment(torch.full_like(spos, s.mask_token_id), spos, sreal, engine.groups(spos),
+                   see_primary=Keys.UP_TO, hide_own_position=True, see_self=Keys.ALL)
 
 
 def shadow_confidence(ctx: StepContext, shadow_logits: torch.Tensor, state: DecodeState) -> torch.Tensor:

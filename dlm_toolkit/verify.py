@@ -37,15 +37,15 @@ editing), which is what the per-step forward left in the cache.
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import TYPE_CHECKING
 
 import torch
 
 from dlm_toolkit import rng
+from dlm_toolkit.canvas import drafted_canvas
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks import StepHook
-from dlm_toolkit.state import COUNTERS
+from dlm_toolkit.segments import Keys, Segment
 from dlm_toolkit.strategy import Output, StepContext
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from dlm_toolkit.policy import DecodingPolicy
     from dlm_toolkit.state import DecodeState
 
-FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 VERIFY_DRAW = 1 << 12  # draw index of a verifier's random numbers: apart from the rules' own draws
 
 
@@ -158,69 +157,47 @@ def verify_step(engine: StepEngine, verifier: Verifier, ctx: StepContext, temper
 
 def verify_forward(engine: StepEngine, ctx: StepContext, rows: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
     """Logits ``(N, W, V)`` of the autoregressive-mode forward over ``[draft | masked copy of the
-    active block]`` (module docstring) for ``rows``; counted as one NFE of each of them."""
-    s, blocks = engine.state, engine.blocks
+    active block]`` (module docstring) for ``rows``; counted as one NFE of each of them
+    (:meth:`~dlm_toolkit.engine.StepEngine.extra_forward`)."""
+    drafted, copy = verify_segments(engine, ctx, rows, draft)
+    _, logits = engine.extra_forward([drafted, copy], rows)
+    block_lo, _ = engine.state.block_bounds(engine.state.all_rows)
+    index = (ctx.positions - block_lo[:, None]).clamp(0, copy.width - 1)
+    return logits.gather(1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
+
+
+def verify_segments(engine: StepEngine, ctx: StepContext, rows: torch.Tensor, draft: torch.Tensor
+                    ) -> tuple[Segment, Segment]:
+    """The verification forward's two segments (module docstring): the step's span with the draft
+    written (token-causal inside the active block), and the masked copy of the active block, whose
+    position ``i`` sees the cached prefix, the drafted keys strictly before ``i`` and itself."""
+    s = engine.state
     n, bl = s.batch_size, s.block_length
-    device = s.device
     block_lo, _ = s.block_bounds(s.all_rows)
     canvas = drafted_canvas(s.canvas, ctx, draft)
     if engine.cached:  # the window's span: everything before it is in the cache by now
         assert s.cache_len is not None
         w = engine.window_width
         hi = ctx.positions[:, -1:] + 1
-        pos1 = hi - w + torch.arange(w, device=device)
+        pos1 = hi - w + engine.arange(w)
         real1 = rows[:, None] & (pos1 >= s.cache_len[:, None])
     else:  # the whole canvas, padding from the window's end on
         pos1 = engine.canvas_pos
         real1 = rows[:, None] & (pos1 <= ctx.positions[:, -1:])
     pos1 = pos1.clamp(0, engine.length - 1)
-    pos2 = block_lo[:, None] + torch.arange(bl, device=device)
+    pos2 = block_lo[:, None] + engine.arange(bl)
     real2 = rows[:, None].expand(n, bl)
-    ids = torch.cat([canvas.gather(1, pos1), torch.full_like(pos2, s.mask_token_id)], 1)
-    pos = torch.cat([pos1, pos2], 1)
-    group1 = blocks.attention_groups(s, s.all_rows, pos1)
-    group2 = blocks.attention_groups(s, s.all_rows, pos2)
+    group1, group2 = engine.groups(pos1), engine.groups(pos2)
+    assert group1 is not None and group2 is not None  # block-causal models only (check_model)
     # token-causal inside the active block: every position its own block (order key within the group)
     step = bl + 1
     key1 = group1 * step + torch.where((pos1 >= block_lo[:, None]) & (pos1 < block_lo[:, None] + bl),
                                        pos1 - block_lo[:, None] + 1, 0)
     key2 = group2 * step + (pos2 - block_lo[:, None] + 1)
-    t1, t = pos1.shape[1], pos.shape[1]
-    allowed = torch.zeros(n, t, t, dtype=torch.bool, device=device)
-    allowed[:, :t1, :t1] = real1[:, None, :] & real1[:, :, None] & (key1[:, None, :] <= key1[:, :, None])
-    allowed[:, t1:, :t1] = real1[:, None, :] & real2[:, :, None] & (key1[:, None, :] < key2[:, :, None])
-    allowed |= torch.eye(t, dtype=torch.bool, device=device)  # the copy sees itself; padding only itself
-    real = torch.cat([real1, real2], 1)
-    run = engine.runner(t)
-    if engine.cached:
-        cache_group = blocks.attention_groups(s, s.all_rows, engine.canvas_pos)
-        in_cache = engine.canvas_pos < s.cache_len[:, None]
-        group = torch.cat([group1, group2], 1)
-        seen = in_cache[:, None, :] & real[:, :, None] & (cache_group[:, None, :] <= group[:, :, None])
-        args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), torch.zeros_like(real))
-    else:
-        args = (ids, pos, allowed)
-    t0 = perf_counter()
-    logits = run(*args)
-    s.model_time += perf_counter() - t0
-    s.forward_calls += 1
-    s.counts[:, FORWARD_TOKENS] += real.sum(1)
-    s.counts[:, 0] += rows.long()  # nfe
-    s.block_step += rows.long()  # the per-block bound counts verification forwards too
-    copy = logits[:, t1:]
-    index = (ctx.positions - block_lo[:, None]).clamp(0, bl - 1)
-    return copy.gather(1, index[:, :, None].expand(-1, -1, copy.shape[-1]))
-
-
-def drafted_canvas(canvas: torch.Tensor, ctx: StepContext, draft: torch.Tensor) -> torch.Tensor:
-    """A copy of ``canvas`` with the window written as ``draft`` (padding slots clamp onto real
-    positions and carry the value of the slot of that position, as the engine's write does)."""
-    from dlm_toolkit.decode import window_slots
-
-    at_pos, same = window_slots(ctx, canvas.shape[1])
-    out = canvas.clone()
-    out[ctx.rows[:, None], at_pos] = draft.gather(1, same)
-    return out
+    drafted = Segment(canvas.gather(1, pos1), pos1, real1, group1, order=key1, see_self=Keys.UP_TO)
+    copy = Segment(torch.full_like(pos2, s.mask_token_id), pos2, real2, group2, order=key2,
+                   see_primary=Keys.BEFORE, see_self=Keys.NONE)
+    return drafted, copy
 
 
 def sampling_temperature(ctx: StepContext) -> float:

@@ -105,7 +105,7 @@ def test_stages_hold_only_the_overridden_ones_and_a_plain_policy_has_none():
     assert DecodingPolicy("llada2.1-q").hooks == []
     stages = HookStages([FreezeFirst(), _Refuses()])
     assert len(stages.after_rules) == 1 and stages.after_forward == [] and stages.after_write == []
-    assert stages.engine_options == {}
+    assert stages.step_segments == []
 
 
 def test_forward_budgets_add_to_the_schedule_bound():
@@ -116,7 +116,7 @@ def test_forward_budgets_add_to_the_schedule_bound():
     assert both.forward_limit() == 48 + 32 + 16
     assert DecodingPolicy("llada2.1-q", **{"t2t.name": "indel", "t2t.params.indel_steps": 3}).forward_limit() == 51
     shadow = DecodingPolicy("llada2.1-q", **{"m2t.name": "wino", "remask.name": "wino_shadow"})
-    assert shadow.forward_limit() == 48 and shadow.hooks[0].engine_options() == {"shadow": True}
+    assert shadow.forward_limit() == 48 and type(shadow.hooks[0]).step_segments is not StepHook.step_segments
 
 
 def test_two_rules_reading_the_shadow_block_share_one_hook_named_after_the_first():
