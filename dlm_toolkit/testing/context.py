@@ -7,8 +7,8 @@ from typing import Any, Sequence
 import torch
 
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.state import row_seeds
-from dlm_toolkit.strategy import StepContext
+from dlm_toolkit.step.state import row_seeds
+from dlm_toolkit.strategy.base import StepContext
 
 
 def make_context(
@@ -48,7 +48,7 @@ def make_context(
         rows: batch row ids of the context rows (default ``0..B-1``).
         batch_rows: rows in the whole decode batch (default ``max(rows) + 1``).
         seed: the rows' random streams: an int (row r gets ``row_seed(seed, r)``) or one seed per row.
-        shadow_confidence: ``(B, W)`` what the engine's shadow block would give (:mod:`dlm_toolkit.shadow`;
+        shadow_confidence: ``(B, W)`` what the engine's shadow block would give (:mod:`dlm_toolkit.hooks.shadow`;
             default unset, as in a policy without a shadow rule).
     """
     b, w = tokens.shape

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import write_text
-from dlm_toolkit.trajectory import Trajectory
+from dlm_toolkit.util.files import write_text
+from dlm_toolkit.step.trajectory import Trajectory
 from dlm_toolkit.viewer.page import render
 from dlm_toolkit.viewer.replay import KINDS, row_frames
 
@@ -38,7 +38,7 @@ class ViewerError(ConfigError):
 
 
 def trajectory_of(result: Any) -> Trajectory:
-    """The trajectory of a :class:`~dlm_toolkit.state.DecodeResult` (or a trajectory itself)."""
+    """The trajectory of a :class:`~dlm_toolkit.step.state.DecodeResult` (or a trajectory itself)."""
     traj = result if isinstance(result, Trajectory) else getattr(result, "trajectory", None)
     if traj is None:
         raise ViewerError(NOT_RECORDED)

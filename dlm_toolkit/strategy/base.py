@@ -1,0 +1,400 @@
+"""The strategy authoring API: the four role base classes and the :class:`StepContext`.
+
+A strategy is a small class with a nested pydantic ``Config`` and a ``__call__(ctx)`` that
+returns a boolean ``(B, W)`` selection over the window (or a :class:`Selection` carrying
+memory to the next step). Strategy objects hold only their config: everything that changes
+during a decode lives in :class:`~dlm_toolkit.step.state.DecodeState` / :class:`StepContext`, so one
+policy object can serve many concurrent decodes.
+
+Per forward, the :class:`~dlm_toolkit.strategy.policy.DecodingPolicy` calls, in order:
+``m2t(ctx)`` → ``ctx.commit``; ``t2t(ctx)`` → ``ctx.edit``; ``remask(ctx)`` → ``ctx.remask``;
+then writes all three at once and lets the block schedule react. An M2T rule that also subclasses
+:class:`~dlm_toolkit.hooks.verify.Verifier` gets one more forward over its draft before the write
+(a verification forward) and decides from it which drafted writes to keep. A T2T rule that also
+subclasses :class:`~dlm_toolkit.hooks.indel.Indel` may insert masks into, and delete tokens from, the
+active block after the write (the block's content shifts). A rule that subclasses
+:class:`~dlm_toolkit.hooks.shadow.Shadow` gets ``ctx.shadow_confidence`` (WINO's shadow block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
+from dlm_toolkit.step.state import DecodeState
+
+
+class cached_property:  # noqa: N801 - functools.cached_property without its lock (Python < 3.12)
+    """A value computed on first access and kept in the instance. ``functools.cached_property``
+    takes a lock on Python < 3.12, a context manager ``torch.compile`` cannot trace, so rules
+    reading ``ctx.fillable`` or ``ctx.probs`` could not be captured."""
+
+    def __init__(self, fn: Any):
+        self.fn, self.__doc__ = fn, fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A rule's output when it wants memory: ``select`` ``(B, W)`` bool, ``memory`` anything.
+
+    ``memory`` is stored in the decode state and handed back as ``ctx.memory[role]`` on the
+    next forward (of the same decode).
+    """
+
+    select: torch.Tensor
+    memory: Any = None
+
+
+@dataclass
+class StepContext:
+    """Everything a rule may look at for one forward, built by :meth:`build` (the engine and
+    :func:`dlm_toolkit.testing.make_context` both go through it).
+
+    Tensors cover every row of the decode batch (``live`` says which forward now) and a window of
+    ``W`` positions, ``W`` fixed by the block schedule (:meth:`BlockSchedule.window_width`), all on
+    the model's device. Windows with fewer real positions are left-padded (``valid`` False), so
+    every step of a decode has the same shapes.
+
+    ======================  =========  =======  =================================================
+    field                   shape      dtype    meaning
+    ======================  =========  =======  =================================================
+    ``rows``                (B,)       long     batch row of each context row
+    ``positions``           (B, W)     long     absolute canvas positions (padding: earlier ones)
+    ``tokens``              (B, W)     long     tokens before this step
+    ``valid``               (B, W)     bool     a real window position (False for padding)
+    ``masked``              (B, W)     bool     valid and holds the mask token
+    ``is_prompt``           (B, W)     bool     a prompt position (never written)
+    ``in_block``            (B, W)     bool     inside the active block
+    ``fillable``            (B, W)     bool     masked & in_block: where M2T may commit
+    ``editable``            (B, W)     bool     valid, written, non-prompt, in the schedule's
+                                                edit window: where T2T may edit
+    ``sampled``             (B, W)     long     token drawn from this forward (never the mask id)
+    ``confidence``          (B, W)     float32  probability of ``sampled`` (softmax over the
+                                                whole vocabulary, mask token included)
+    ``logits``              (B, W, V)  float    raw logits of this forward (model dtype)
+    ``probs``               (B, W, V)  float32  their softmax (computed once, shared)
+    ``token_confidence``    (B, W)     float32  probability now of the token already there
+    ``written_step``        (B, W)     long     row step that wrote the token; -1: never
+                                                written (prompt, masked, remasked)
+    ``written_conf``        (B, W)     float32  confidence it was written with; 0.0 if never
+    ``step``                (B,)       long     forwards this row had before this one
+    ``block``               (B,)       long     active block index
+    ``block_step``          (B,)       long     forwards in the active block before this one
+    ``block_masked_start``  (B,)       long     masked positions of the active block when it
+                                                began
+    ``post``                (B,)       bool     the active block had no mask at step start
+    ``live``                (B,)       bool     the row forwards now (rows that do not, e.g.
+                                                finished ones, ride along with every position
+                                                invalid; nothing is written for them)
+    ``seeds``               (B,)       long     each row's random key: draw with :meth:`rand`,
+                                                never from a global generator
+    ``shadow_confidence``   (B, W)     float32  probability of each written token of the active
+                                                block with itself hidden (only for a policy with
+                                                a :class:`~dlm_toolkit.hooks.shadow.Shadow` rule; else None)
+    ``memory``              --         --       ``{role: value}`` returned by rules last step
+    ``batch_rows``          int        --       rows in the whole decode batch (N >= B)
+    ======================  =========  =======  =================================================
+
+    Selections decided earlier in the same step are filled in as the policy goes:
+    ``commit`` before ``t2t`` runs, ``edit`` before ``remask`` runs.
+    """
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    masked: torch.Tensor
+    is_prompt: torch.Tensor
+    in_block: torch.Tensor
+    editable: torch.Tensor
+    sampled: torch.Tensor
+    confidence: torch.Tensor
+    logits: torch.Tensor
+    written_step: torch.Tensor
+    written_conf: torch.Tensor
+    step: torch.Tensor
+    block: torch.Tensor
+    block_step: torch.Tensor
+    block_masked_start: torch.Tensor
+    post: torch.Tensor
+    live: torch.Tensor
+    seeds: torch.Tensor
+    memory: Mapping[str, Any]
+    mask_token_id: int
+    eos_token_id: int
+    batch_rows: int
+    commit: torch.Tensor | None = None
+    edit: torch.Tensor | None = None
+    remask: torch.Tensor | None = None
+    verified: torch.Tensor | None = None  # (B,) bool: rows that ran a verification forward (dlm_toolkit.hooks.verify)
+    insert: torch.Tensor | None = None  # (B, W) bool: slots an insert edit put a mask before (dlm_toolkit.hooks.indel)
+    delete: torch.Tensor | None = None  # (B, W) bool: slots whose token a delete edit removed (dlm_toolkit.hooks.indel)
+    # (B, W) float32: p(written token | its block without it), from the shadow block (dlm_toolkit.hooks.shadow);
+    # set only for a policy with a Shadow rule
+    shadow_confidence: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    draws: int = 0  # rand() calls so far this step: the draw index of the next one
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        tokens: torch.Tensor,
+        prompt_len: torch.Tensor,
+        block_lo: torch.Tensor,
+        block_hi: torch.Tensor,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        written_step: torch.Tensor,
+        written_conf: torch.Tensor,
+        step: torch.Tensor,
+        block: torch.Tensor,
+        block_step: torch.Tensor,
+        block_masked_start: torch.Tensor,
+        seeds: torch.Tensor,
+        memory: Mapping[str, Any],
+        mask_token_id: int,
+        eos_token_id: int,
+        batch_rows: int,
+        live: torch.Tensor | None = None,
+    ) -> StepContext:
+        """The context of one forward from the canvas window and the logits: derives the masks,
+        draws ``sampled``/``confidence`` (:func:`dlm_toolkit.step.sampling.sample`, keyed by each row's
+        seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
+        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
+        (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
+        Reads nothing back to the host."""
+        from dlm_toolkit.step.sampling import sample
+
+        live = torch.ones_like(rows, dtype=torch.bool) if live is None else live
+        masked = (tokens == mask_token_id) & valid
+        is_prompt = positions < prompt_len[:, None]
+        in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
+        ctx = cls(
+            rows=rows, positions=positions, tokens=tokens, valid=valid, masked=masked, is_prompt=is_prompt,
+            in_block=in_block, editable=valid & ~is_prompt & ~masked, sampled=tokens, confidence=written_conf,
+            logits=logits, written_step=written_step, written_conf=written_conf, step=step, block=block,
+            block_step=block_step, block_masked_start=block_masked_start,
+            post=live & ~(masked & in_block).any(1), live=live, seeds=seeds,
+            memory=memory, mask_token_id=mask_token_id, eos_token_id=eos_token_id, batch_rows=batch_rows,
+        )
+        sampled, confidence, probs = sample(logits, sampling, mask_token_id, ctx.rand)
+        ctx.sampled, ctx.confidence = sampled, confidence
+        ctx.__dict__["probs"] = probs  # a cached property: computed once, by the sampler
+        return ctx
+
+    def rand(self, *trailing: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``(B, W, *trailing)`` uniform numbers in [0, 1) (padding and rows not forwarded get 1.0).
+
+        Counter-based (:mod:`dlm_toolkit.step.rng`): the number at a position is a hash of the row's
+        seed, its step, the absolute position, this call's index within the step and the trailing
+        index. A row therefore draws the same numbers whatever batch it is in and however wide the
+        window is (a batch decodes row for row as each prompt alone, at any temperature and with
+        random rules), with no loop over rows and nothing read back to the host.
+        """
+        from dlm_toolkit.step import rng
+
+        base = rng.key(self.seeds, self.step, self.positions, self.draws)
+        self.draws += 1
+        u = rng.uniform(base, trailing, dtype)
+        return u.masked_fill(~self.valid.view(*self.valid.shape, *[1] * len(trailing)), 1.0)
+
+    @property
+    def n_valid(self) -> list[int]:
+        """Real window positions per row, as host ints (a host sync: not for the per-step path)."""
+        return self.valid.sum(1).tolist()
+
+    @cached_property
+    def probs(self) -> torch.Tensor:
+        """(B, W, V) float32 softmax of the raw logits (mask token included)."""
+        return torch.softmax(self.logits.float(), dim=-1)
+
+    @cached_property
+    def token_confidence(self) -> torch.Tensor:
+        """(B, W) probability the model now gives the token already in each position."""
+        return self.probs.gather(-1, self.tokens.unsqueeze(-1)).squeeze(-1)
+
+    @cached_property
+    def fillable(self) -> torch.Tensor:
+        """(B, W) positions M2T may commit: masked and inside the active block."""
+        return self.masked & self.in_block
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+
+class Strategy:
+    """Base of all strategies: holds a validated ``Config`` and nothing else."""
+
+    role: ClassVar[str]
+    Config: ClassVar[type[StrategyConfig]] = StrategyConfig
+    registered_name: ClassVar[str]
+
+    def __init__(self, config: StrategyConfig | Mapping[str, Any] | None = None, **params: Any):
+        if isinstance(config, StrategyConfig):
+            if params:
+                config = config.model_copy(update=params)
+            self.config = validate_model(self.Config, config.model_dump())
+        else:
+            merged = {**(config or {}), **params}
+            self.config = validate_model(self.Config, merged, f"{self.role}.params")
+
+    @property
+    def name(self) -> str:
+        # only the class's own registration counts: a subclass is not its registered parent
+        own = type(self).__dict__.get("registered_name")
+        return own or f"{type(self).__module__}:{type(self).__qualname__}"
+
+    def spec(self) -> RoleSpec:
+        return RoleSpec(name=self.name, params=self.config.model_dump(mode="json"))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config.model_dump().items())
+        return f"{type(self).__name__}({args})"
+
+
+class UnmaskRule(Strategy):
+    """M2T: which masked positions of the active block to commit this step.
+
+    Contract: the selection lies inside ``ctx.fillable`` and holds at least one position in
+    every row whose active block still has a masked position (so every step makes progress).
+    """
+
+    role = "m2t"
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor | Selection:
+        raise NotImplementedError
+
+
+class EditRule(Strategy):
+    """T2T: which written positions to overwrite with ``ctx.sampled`` this step.
+
+    Contract: the selection lies inside ``ctx.editable``. Positions committed by M2T in this
+    same step are not editable (they become so from the next step).
+    """
+
+    role = "t2t"
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor | Selection:
+        raise NotImplementedError
+
+
+class RemaskRule(Strategy):
+    """Remask: which written positions to turn back into the mask token this step.
+
+    Contract: the selection lies inside ``ctx.editable & ctx.in_block & ~ctx.edit``; it is only applied while
+    the active block still had masks at the start of the step, and must leave net progress:
+    per row, ``commit.sum() - remask.sum() >= 1``. This keeps NFE bounded.
+    """
+
+    role = "remask"
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor | Selection:
+        raise NotImplementedError
+
+
+class BlockSchedule(Strategy):
+    """Which window each row forwards next, what it attends to, and when a block (or a row) is
+    finished.
+
+    Block schedules are the one role that updates :class:`DecodeState` (its ``block``,
+    ``post``, ``done`` fields); they keep nothing on ``self``. Lifecycle per decode: ``layout``
+    once, then per forward ``prepare`` → ``window`` → ``attention_groups`` / ``cache_boundary``
+    → (forward, rules, write) → ``finish_step``. The engine only applies what the schedule says:
+    the attention pattern and which positions enter the KV cache are the schedule's to declare.
+    A schedule that chooses its block's start and length from what the decode has seen subclasses
+    :class:`~dlm_toolkit.hooks.dynamic_blocks.DynamicBlockSchedule` (bounds as per-row data).
+
+    Methods that get ``state`` work on its device tensors and must not read them on the host
+    (no ``.item()``, ``.tolist()``, ``if tensor.any()``, boolean indexing): on a GPU each such read
+    stalls the decode. Update per-row fields with masked writes (``torch.where``).
+    """
+
+    role = "blocks"
+
+    @property
+    def block_length(self) -> int:
+        return int(self.config.block_length)  # type: ignore[attr-defined]
+
+    def layout(self, prompt_len: torch.Tensor, gen_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row (CPU tensors in, CPU tensors out): block origin (absolute position of block 0),
+        first block, number of blocks."""
+        raise NotImplementedError
+
+    def prepare(self, state: DecodeState) -> torch.Tensor:
+        """Finish blocks that need no forward; return ``(N,)`` bool: the rows that forward now."""
+        raise NotImplementedError
+
+    def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row in ``rows``: absolute ``[lo, hi)`` of the window whose logits are used.
+
+        Rules see the window; ``hi`` must end the active block.
+        """
+        raise NotImplementedError
+
+    def attention_groups(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``(R, T)`` long attention group of each absolute position: a query attends to a key iff
+        ``group[key] <= group[query]`` (positions of one group see each other).
+
+        Default: the position's block (``(pos - origin) // block_length``; positions before the
+        origin, a prompt laid out with ``align: prompt``, are group -1), which is block-causal
+        attention with a bidirectional active block. Full-attention models ignore groups.
+        """
+        group = torch.div(positions - state.origin[rows, None], state.block_length, rounding_mode="floor")
+        return torch.where(positions < state.origin[rows, None], -1, group)
+
+    def cache_boundary(self, state: DecodeState, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """``(R,)`` absolute position before which everything is final: those positions enter the
+        exact KV cache in this forward and are never recomputed. Must lie in ``[cache length, lo]``,
+        and a cached position may only attend to positions before the boundary (else its cached keys
+        would go stale). Default: the window start ``lo``."""
+        return lo
+
+    def window_width(self) -> int:
+        """The most positions a window (:meth:`window`) ever spans: the width of every step's
+        context, fixed per decode so that every forward has the same shapes (default: a block)."""
+        return self.block_length
+
+    def max_forwards_per_block(self) -> int:
+        """Forwards one block may take before the engine calls the schedule broken (bounds NFE)."""
+        return self.block_length + int(getattr(self.config, "max_post_steps", 0))
+
+    def edit_region(self, state: DecodeState, ctx: StepContext) -> torch.Tensor:
+        """(B, W) positions whose written tokens T2T may edit (default: the active block)."""
+        return ctx.in_block
+
+    def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
+        """React to the step just written (e.g. end a converged block)."""
+        raise NotImplementedError
+
+
+ROLE_BASES: dict[str, type[Strategy]] = {
+    "m2t": UnmaskRule,
+    "t2t": EditRule,
+    "blocks": BlockSchedule,
+    "remask": RemaskRule,
+}
