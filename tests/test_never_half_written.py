@@ -244,7 +244,7 @@ def test_a_real_full_disk_on_a_small_tmpfs(tmp_path):
     script = tmp_path / "full.py"
     script.write_text(TMPFS_SCRIPT)
     done = subprocess.run([bwrap, "--dev-bind", "/", "/", "--size", "200000", "--tmpfs", "/full", sys.executable,
-                           str(script), str(REPO / "dlm_toolkit" / "files.py")], capture_output=True, text=True,
+                           str(script), str(REPO / "dlm_toolkit" / "util" / "files.py")], capture_output=True, text=True,
                           env=ENV, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "refused: no space left on device while writing /full/data.bin; the previous data.bin is " \
