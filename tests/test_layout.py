@@ -22,7 +22,8 @@ PKG = ROOT / "dlm_toolkit"
 
 # Import edges (importer, imported) that break a rule below today and are being removed by a
 # branch of issue 36 Part 2 in files this branch does not own. The lead empties this list after
-# the merge; an entry whose edge no longer exists fails test_known_exceptions_still_exist.
+# the merge; an entry whose edge no longer exists fails test_known_exceptions_still_exist (unless its
+# importer is a module this tree does not have yet).
 KNOWN_EXCEPTIONS: list[tuple[str, str]] = [
     # window_slots moves to step/canvas.py (branch `forward`): cycle hooks.indel -> step.loop -> hooks.indel
     ("hooks.indel", "step.loop"),
@@ -31,8 +32,10 @@ KNOWN_EXCEPTIONS: list[tuple[str, str]] = [
     ("step.engine", "hooks.shadow"),
     ("step.engine", "hooks.indel"),
     ("step.loop", "hooks.indel"),
-    # StrategyError / StepChecks leave policy.py for a leaf module and the flag table (branch `flags`)
+    # StrategyError / StepChecks leave policy.py for a leaf module and the flag table (branch `flags`);
+    # step.segments (branch `forward`) then imports StrategyError from there
     ("step.engine", "strategy.policy"),
+    ("step.segments", "strategy.policy"),
     ("hooks.indel", "strategy.policy"),
     # Trajectory.view() imports the viewer, which renders trajectories (branch `outputs` owns trajectory.py):
     # cycle step.trajectory -> viewer -> step.trajectory
@@ -266,7 +269,8 @@ def test_package_rules_catch_a_forbidden_import(graph: dict[str, set[str]]) -> N
 
 
 def test_known_exceptions_still_exist(graph: dict[str, set[str]]) -> None:
-    gone = [(a, b) for a, b in KNOWN_EXCEPTIONS if f"dlm_toolkit.{b}" not in graph.get(f"dlm_toolkit.{a}", ())]
+    gone = [(a, b) for a, b in KNOWN_EXCEPTIONS
+            if f"dlm_toolkit.{a}" in graph and f"dlm_toolkit.{b}" not in graph[f"dlm_toolkit.{a}"]]
     assert not gone, f"no longer imported, remove from KNOWN_EXCEPTIONS: {gone}"
 
 
