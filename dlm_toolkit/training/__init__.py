@@ -2,32 +2,7 @@
 
 Re-exports the public names of ``loop.py`` (the module this package replaced)."""
 
-from dlm_toolkit.training.loop import (  # noqa: F401
-    Batch,
-    TrainConfig,
-    block_diffusion_attn_mask,
-    build_model,
-    canvas_tokens,
-    check_out,
-    corruption_candidates,
-    load_train_config,
-    loss_fn,
-    make_batch,
-    random_other_token,
-    train,
-)
+from dlm_toolkit.training import loop as _base
+from dlm_toolkit.training.loop import *  # noqa: F401,F403 -- its __all__
 
-__all__ = [
-    "Batch",
-    "TrainConfig",
-    "block_diffusion_attn_mask",
-    "build_model",
-    "canvas_tokens",
-    "check_out",
-    "corruption_candidates",
-    "load_train_config",
-    "loss_fn",
-    "make_batch",
-    "random_other_token",
-    "train",
-]
+__all__ = list(_base.__all__)
