@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from catalogue import POLICIES, TASKS  # noqa: E402
 
-from dlm_toolkit.decode import decode  # noqa: E402
-from dlm_toolkit.policy import DecodingPolicy  # noqa: E402
-from dlm_toolkit.policy_config import load_policy  # noqa: E402
-from dlm_toolkit.state import DecodeResult  # noqa: E402
+from dlm_toolkit.step.loop import decode  # noqa: E402
+from dlm_toolkit.strategy.policy import DecodingPolicy  # noqa: E402
+from dlm_toolkit.strategy.policy_config import load_policy  # noqa: E402
+from dlm_toolkit.step.state import DecodeResult  # noqa: E402
 
 # the catalogue policies that run a hook (the quick subset decodes these)
 HOOKED = ("S2D2", "WINO, shadow block", "Indel, eager", "DSB")
@@ -65,7 +65,7 @@ def _guard(run: Callable[[], DecodeResult]) -> dict[str, Any]:
 
 
 def conformance_cases() -> Iterator[Case]:
-    from dlm_toolkit.conformance import case_policy
+    from dlm_toolkit.evaluation.conformance import case_policy
     from dlm_toolkit.models import load_model
 
     folder = ROOT / "conformance" / "llada2_tiny"
@@ -79,7 +79,7 @@ def conformance_cases() -> Iterator[Case]:
 
 
 def testbed_cases(labels: tuple[str, ...], per_task: int = 3) -> Iterator[Case]:
-    from dlm_toolkit.evaluate import load_checkpoint, task_prompt
+    from dlm_toolkit.evaluation.evaluate import load_checkpoint, task_prompt
     from dlm_toolkit.tasks import get_task
 
     model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "testbed-v2-editable")
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     got = digest()
     if args.write:
-        from dlm_toolkit.files import atomic_write
+        from dlm_toolkit.util.files import atomic_write
 
         text = json.dumps(got, indent=1, sort_keys=True) + "\n"
         atomic_write(args.write, lambda tmp: tmp.write_text(text))

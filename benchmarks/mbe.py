@@ -12,7 +12,7 @@ import argparse
 import json
 
 from dlm_toolkit import DecodingPolicy
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 
 
 def mbe_table(checkpoint: str, tasks: list[str], n: int, block_length: int, seed: int = 0) -> list[dict]:

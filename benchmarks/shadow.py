@@ -15,7 +15,7 @@ import json
 import torch
 
 from dlm_toolkit import DecodingPolicy
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 
 VARIANTS = {"wino": "visible token", "wino_shadow": "shadow block"}
 KEYS = ("accuracy", "tpf", "nfe_mean", "remasks_per_token", "forward_tokens_per_token", "tokens_per_second")

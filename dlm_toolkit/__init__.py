@@ -3,14 +3,26 @@
 Authoring API (see README "Write a strategy"): the registries ``M2T``, ``T2T``, ``BLOCKS``,
 ``REMASK``; base classes ``UnmaskRule``, ``EditRule``, ``BlockSchedule``, ``RemaskRule``;
 ``StrategyConfig``; ``StepContext``; ``Selection``. Running: :func:`decode` with a
-:class:`DecodingPolicy`.
+:class:`DecodingPolicy`. Step hooks (README "Step hooks"): the protocol :class:`StepHook` and
+the built-in hook mixins :class:`Verifier`, :class:`Shadow`, :class:`Indel` and the schedule
+:class:`DynamicBlockSchedule`.
+
+Package layout (README "Layout"): ``step/`` the decode step, ``hooks/`` the step-hook protocol
+and built-in hooks, ``strategy/`` the authoring API, registry and policies, ``training/``,
+``evaluation/``, ``models/``, ``tasks/``, ``sweep/``, ``util/``. The old flat module paths
+(``dlm_toolkit.verify``, ``dlm_toolkit.policy``, ...) still import: each is an alias of the same
+module object at its new home (``dlm_toolkit/_aliases.py`` lists them).
 """
 
+from types import ModuleType
+
+from dlm_toolkit import _aliases
+
 from dlm_toolkit.config import ConfigError, SamplingConfig, StrategyConfig
-from dlm_toolkit.policy_config import PolicyConfig, load_policy
-from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T, PluginError
-from dlm_toolkit.state import DecodeResult, DecodeState, RowResult
-from dlm_toolkit.strategy import (
+from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
+from dlm_toolkit.strategy.registry import BLOCKS, M2T, REMASK, T2T, PluginError
+from dlm_toolkit.step.state import DecodeResult, DecodeState, RowResult
+from dlm_toolkit.strategy.base import (
     BlockSchedule,
     EditRule,
     RemaskRule,
@@ -18,8 +30,21 @@ from dlm_toolkit.strategy import (
     StepContext,
     UnmaskRule,
 )
-from dlm_toolkit.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
-from dlm_toolkit.decode import decode
+from dlm_toolkit.strategy.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.verify import Verifier
+from dlm_toolkit.hooks.shadow import Shadow
+from dlm_toolkit.hooks.indel import Indel
+from dlm_toolkit.hooks.dynamic_blocks import DynamicBlockSchedule
+
+_aliases.install()
+_aliases.register_loaded()
+
+
+def __getattr__(name: str) -> ModuleType:
+    """An old flat module path as an attribute (``dlm_toolkit.verify``): its module object."""
+    return _aliases.attribute(name)
 
 __version__ = "0.1.0"
 
@@ -33,7 +58,9 @@ __all__ = [
     "DecodeResult",
     "DecodeState",
     "DecodingPolicy",
+    "DynamicBlockSchedule",
     "EditRule",
+    "Indel",
     "NonFiniteLogitsError",
     "PluginError",
     "PolicyConfig",
@@ -41,10 +68,13 @@ __all__ = [
     "RowResult",
     "SamplingConfig",
     "Selection",
+    "Shadow",
+    "StepHook",
     "StepContext",
     "StrategyConfig",
     "StrategyError",
     "UnmaskRule",
+    "Verifier",
     "decode",
     "load_policy",
 ]

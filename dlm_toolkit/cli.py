@@ -15,7 +15,7 @@ from importlib import import_module
 from typing import Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.policy import StrategyError
+from dlm_toolkit.strategy.policy import StrategyError
 
 # subcommand modules in the order `dlm --help` lists them
 COMMANDS = ("decode", "conformance", "strategies", "sweep", "eval", "train", "compare")
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dlm_toolkit.registry import set_allow_imports
+    from dlm_toolkit.strategy.registry import set_allow_imports
 
     args = build_parser().parse_args(argv)
     set_allow_imports(getattr(args, "allow_import", False))

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from dlm_toolkit.files import MAX_JSON_DEPTH, InputFileError, parse_json, read_text
+from dlm_toolkit.util.files import MAX_JSON_DEPTH, InputFileError, parse_json, read_text
 
 ROLES = ("m2t", "t2t", "blocks", "remask")
 
@@ -99,7 +99,7 @@ class SamplingConfig(StrategyConfig):
     over the whole vocabulary, mask token included (as LLaDA, Fast-dLLM and LLaDA2.1 do), so
     presets reproduce the reference decisions exactly. Where the drawn token is the mask token
     (degenerate models only), the best non-mask token is written instead: see
-    :mod:`dlm_toolkit.sampling`.
+    :mod:`dlm_toolkit.step.sampling`.
     """
 
     temperature: float = Field(0.0, ge=0.0, le=10.0)
@@ -144,7 +144,7 @@ def read_mapping_file(path: str | Path) -> dict[str, Any]:
     """A mapping from a ``.json`` or ``.yaml``/``.yml`` file (safe loaders only; empty file = {}).
 
     Bounded: only regular files (a FIFO, ``/dev/zero`` or a folder is refused before reading),
-    at most 1 MiB, nested at most :data:`~dlm_toolkit.files.MAX_JSON_DEPTH` levels, and no YAML
+    at most 1 MiB, nested at most :data:`~dlm_toolkit.util.files.MAX_JSON_DEPTH` levels, and no YAML
     anchors or aliases (a few hundred bytes of nested aliases expand to gigabytes; no config of
     ours needs them).
     """

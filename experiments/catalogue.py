@@ -5,7 +5,7 @@
 Each policy (a preset plus flat overrides, :data:`POLICIES`) decodes the same ``n`` eval instances of
 each task (seed 0: the same per-instance random streams), 1 thread. Per task the table gives accuracy
 with its 95 % Wilson interval, TPF, mean NFE, edits, remasks and inserts + deletes per generated token, and the paired
-difference against Q and against S (``dlm compare``'s statistics, :func:`dlm_toolkit.stats.compare_outcomes`:
+difference against Q and against S (``dlm compare``'s statistics, :func:`dlm_toolkit.evaluation.stats.compare_outcomes`:
 accuracy difference with its paired-bootstrap interval and exact McNemar p, TPF difference with its
 interval). A second table checks each paper's claimed direction (:data:`CLAIMS`) against the baseline
 the paper compares with, and ``--out`` also writes ``catalogue.md``, ``catalogue.json`` and one
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from dlm_toolkit.evaluate import EvalResult, evaluate, load_checkpoint
-from dlm_toolkit.files import atomic_write_many
-from dlm_toolkit.policy_config import load_policy
-from dlm_toolkit.stats import PairedComparison, compare_outcomes
+from dlm_toolkit.evaluation.evaluate import EvalResult, evaluate, load_checkpoint
+from dlm_toolkit.util.files import atomic_write_many
+from dlm_toolkit.strategy.policy_config import load_policy
+from dlm_toolkit.evaluation.stats import PairedComparison, compare_outcomes
 
 TASKS = ("pick", "either", "tiesort")
 
@@ -156,7 +156,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dlm_toolkit.plots import place_labels
+    from dlm_toolkit.evaluation.plots import place_labels
 
     tasks = list(result["tasks"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.4), squeeze=False)

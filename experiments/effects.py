@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from dlm_toolkit.policy_config import load_policy
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
-from dlm_toolkit.stats import compare_outcomes
+from dlm_toolkit.strategy.policy_config import load_policy
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.evaluation.stats import compare_outcomes
 
 VARIANTS = {
     "remask low_confidence": {"remask.name": "low_confidence"},

@@ -28,7 +28,7 @@ Where the paper is silent or does not fit this engine, our choices:
   64 holds every block of the greedy rule while the commits of a step are within 32 of the
   block's start.
 - Attention and cache (the paper runs LLaDA with full attention and an approximate "DSB Cache"):
-  block-causal and exact, via :class:`~dlm_toolkit.blocks_dynamic.DynamicBlockSchedule`. Final
+  block-causal and exact, via :class:`~dlm_toolkit.hooks.dynamic_blocks.DynamicBlockSchedule`. Final
   positions attend by their 32-grid block and enter the KV cache a whole grid block at a time;
   the final part of the grid block the active block starts in is recomputed every forward (the
   analogue of DSB Cache's refreshed prefix window, here of at most ``block_length - 1``
@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 
 from dlm_toolkit import BLOCKS, DecodeState, StepContext
-from dlm_toolkit.blocks_dynamic import DynamicBlockConfig, DynamicBlockSchedule
+from dlm_toolkit.hooks.dynamic_blocks import DynamicBlockConfig, DynamicBlockSchedule
 
 
 @BLOCKS.register("dsb")

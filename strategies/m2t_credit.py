@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, Selection, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import at_least_one, recall, remember
+from dlm_toolkit.strategy.selection import at_least_one, recall, remember
 
 
 @M2T.register("credit")

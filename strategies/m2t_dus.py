@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import at_least_one
+from dlm_toolkit.strategy.selection import at_least_one
 from strategies.block_geometry import block_offsets
 
 MAX_POWERS = 13  # base ** 12 >= 4096, the longest block a schedule allows

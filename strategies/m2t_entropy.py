@@ -13,7 +13,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, UnmaskRule
-from dlm_toolkit.selection import entropy, rank_and_quota
+from dlm_toolkit.strategy.selection import entropy, rank_and_quota
 from strategies.schedules import QuotaConfig, step_quota
 
 

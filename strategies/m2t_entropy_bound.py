@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import entropy, top2_margin, topk_per_row
+from dlm_toolkit.strategy.selection import entropy, top2_margin, topk_per_row
 
 
 @M2T.register("entropy_bound")

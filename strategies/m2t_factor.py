@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import topk_per_row
+from dlm_toolkit.strategy.selection import topk_per_row
 
 
 @M2T.register("factor")

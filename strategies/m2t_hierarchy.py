@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import top1
+from dlm_toolkit.strategy.selection import top1
 
 
 @M2T.register("hierarchy")

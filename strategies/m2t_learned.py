@@ -36,7 +36,7 @@ import torch
 from pydantic import Field, field_validator
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import at_least_one, entropy, top2_margin
+from dlm_toolkit.strategy.selection import at_least_one, entropy, top2_margin
 from strategies.block_geometry import block_offsets
 
 FEATURES = ("confidence", "margin", "entropy", "relative_position", "block_progress", "masked_fraction")

@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, UnmaskRule
-from dlm_toolkit.selection import rank_and_quota, top2_margin
+from dlm_toolkit.strategy.selection import rank_and_quota, top2_margin
 from strategies.schedules import QuotaConfig, step_quota
 
 

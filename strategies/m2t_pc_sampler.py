@@ -27,7 +27,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, UnmaskRule
-from dlm_toolkit.selection import topk_per_row
+from dlm_toolkit.strategy.selection import topk_per_row
 from strategies.block_geometry import block_offsets
 from strategies.schedules import QuotaConfig, step_quota
 

@@ -11,7 +11,7 @@ self-speculative step; its public code, ``generate_ssd_policy`` for LLaDA2.1, wh
    least ``min_span_length`` long (the paper's ``mask_span_length`` routing policy, default 1:
    verify whenever the block has a mask); otherwise commit as LLaDA2.1 does (``threshold``, at least
    the most confident mask);
-3. *verify* (one more forward, :func:`dlm_toolkit.verify.verify_forward`): the "2L verifier",
+3. *verify* (one more forward, :func:`dlm_toolkit.hooks.verify.verify_forward`): the "2L verifier",
    ``[draft | all-mask copy]`` with token-causal attention, giving ``q_i = p_AR(x_i | prefix,
    draft_<i)`` for every ``i`` of the span;
 4. *accept* (speculative rejection sampling over the span, left to right): accept ``x_i`` iff
@@ -33,7 +33,7 @@ Where the paper leaves a choice open, or this toolkit differs:
 * The paper's other routing policies (expected-acceptance score with or without hysteresis) are not
   implemented; the hysteresis one needs memory across steps.
 * Uniform draws come from the verifier's own counter-based stream
-  (:func:`dlm_toolkit.verify.verify_uniform`): ``u`` with draw 0, the residual's Gumbel noise with
+  (:func:`dlm_toolkit.hooks.verify.verify_uniform`): ``u`` with draw 0, the residual's Gumbel noise with
   draw 1, so a row decodes the same in any batch.
 """
 
@@ -45,7 +45,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext
-from dlm_toolkit.verify import Verifier, sampling_temperature, temperature_probs, verify_uniform
+from dlm_toolkit.hooks.verify import Verifier, sampling_temperature, temperature_probs, verify_uniform
 from strategies.m2t_threshold import ThresholdUnmask
 
 

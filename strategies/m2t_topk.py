@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 from dlm_toolkit import M2T, StepContext, UnmaskRule
-from dlm_toolkit.selection import topk_per_row
+from dlm_toolkit.strategy.selection import topk_per_row
 from strategies.schedules import QuotaConfig, step_quota
 
 

@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import REMASK, RemaskRule, StepContext, StrategyConfig
-from dlm_toolkit.selection import remask_budget, remaskable, topk_per_row
+from dlm_toolkit.strategy.selection import remask_budget, remaskable, topk_per_row
 
 
 @REMASK.register("t2m")

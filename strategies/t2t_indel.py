@@ -4,7 +4,7 @@ Source: issue 26 names "LLaDA2.2's insert/delete (Levenshtein) edits"; no public
 is available to us, so this is our own rule in that spirit, built from the two edit operations of
 the Levenshtein Transformer (Gu, Wang, Zhao; arXiv 1905.11006): *deletion* and *placeholder
 insertion* (a mask that a later step fills), on top of LLaDA2.1's substitution edit
-(``t2t: threshold``, arXiv 2602.08676). The engine side is :mod:`dlm_toolkit.indel`.
+(``t2t: threshold``, arXiv 2602.08676). The engine side is :mod:`dlm_toolkit.hooks.indel`.
 
 Why: parallel decoding writes neighbouring positions from one forward, so a draft can hold a
 stutter (``a b b c``: one token twice) or a gap (``a c d``: one token missing). Substitution
@@ -45,8 +45,8 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import T2T, StepContext
-from dlm_toolkit.indel import Indel, indel_region, region_end, written_window
-from dlm_toolkit.selection import top1
+from dlm_toolkit.hooks.indel import Indel, indel_region, region_end, written_window
+from dlm_toolkit.strategy.selection import top1
 from strategies.t2t_threshold import ThresholdEdit
 
 

@@ -13,7 +13,7 @@ Defaults: tau_1 = 0.6, tau_2 = 0.9, our reading of the paper's main LLaDA settin
 Choices where this toolkit differs from the paper (both noted so results are read correctly):
 
 * The paper verifies a drafted token with the token itself hidden, in a *shadow block* appended
-  to the same forward: ``remask: wino_shadow`` does that (:mod:`dlm_toolkit.shadow`: a masked
+  to the same forward: ``remask: wino_shadow`` does that (:mod:`dlm_toolkit.hooks.shadow`: a masked
   copy of the active block after the window, copy position i sees the block without x_i; no
   extra NFE). ``remask: wino`` takes the probability from the same forward with the token visible
   (``ctx.token_confidence``), which is cheaper and more lenient (a token tends to support itself).
@@ -32,7 +32,7 @@ from pydantic import Field
 import torch
 
 from dlm_toolkit import M2T, REMASK, StepContext, StrategyError
-from dlm_toolkit.shadow import Shadow
+from dlm_toolkit.hooks.shadow import Shadow
 from strategies.m2t_threshold import ThresholdUnmask
 from strategies.remask_low_confidence import LowConfidenceRemask
 
@@ -62,5 +62,5 @@ class WinoShadowNarrowOut(WinoNarrowOut, Shadow):
         support = ctx.hooks.get("shadow_confidence")
         if support is None:  # a context built by hand, or a policy that bypassed the engine
             raise StrategyError(f"remask rule '{self.name}' reads ctx.shadow_confidence, which only the decode "
-                                "engine fills (dlm_toolkit.shadow); pass shadow_confidence= to make_context")
+                                "engine fills (dlm_toolkit.hooks.shadow); pass shadow_confidence= to make_context")
         return support

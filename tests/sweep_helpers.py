@@ -27,7 +27,7 @@ def make_checkpoint(path: Path, max_position_embeddings: int = 128, tokenizer: b
     """A random tiny LLaDA2 checkpoint with the character tokenizer (decodes in milliseconds)."""
     from dlm_toolkit.models import save_model
     from dlm_toolkit.testing.models import tiny_llada2
-    from dlm_toolkit.tokenizer import build_char_tokenizer, save_tokenizer, special_ids
+    from dlm_toolkit.models.tokenizer import build_char_tokenizer, save_tokenizer, special_ids
 
     tok = build_char_tokenizer()
     mask, eos = special_ids(tok)

@@ -1,4 +1,4 @@
-"""StepRunner (dlm_toolkit.capture) and the capture contract of the LLaDA2 forward.
+"""StepRunner (dlm_toolkit.step.capture) and the capture contract of the LLaDA2 forward.
 
 On a CPU, ``torch.compile(fullgraph=True, dynamic=False)`` is the check that a forward reads
 nothing back to the host: a host read (``.item()``, ``nonzero``, ``.tolist()``) is a graph break,
@@ -17,8 +17,8 @@ import warnings
 import pytest
 import torch
 
-from dlm_toolkit import capture
-from dlm_toolkit.capture import StepRunner
+from dlm_toolkit.step import capture
+from dlm_toolkit.step.capture import StepRunner
 from dlm_toolkit.models import LLaDA2MoeModelLM
 from tests.test_model_llada2 import tiny_config
 

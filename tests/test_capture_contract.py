@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dlm_toolkit import DecodingPolicy, M2T, UnmaskRule, decode
-from dlm_toolkit.selection import top1
+from dlm_toolkit.strategy.selection import top1
 from dlm_toolkit.testing import UnmaskRuleContract
 from dlm_toolkit.testing.contracts_capture import capture_problems, engine
 from dlm_toolkit.testing import tiny_llada2
@@ -75,7 +75,7 @@ def test_captured_rules_draw_as_the_eager_ones():
     """Sampling, ancestral M2T and ReMDM draw once each per step: a captured rule must take the draw
     index the eager one would (and pass the next one on), or two rules would share numbers."""
     from dlm_toolkit.config import SamplingConfig
-    from dlm_toolkit.rule_capture import RuleRunners
+    from dlm_toolkit.step.rule_capture import RuleRunners
     from dlm_toolkit.testing import make_context
 
     policy = DecodingPolicy("llada2.1-s", **{"m2t.name": "ancestral", "m2t.params.steps_per_block": 2,

@@ -1,5 +1,5 @@
 """The key of a captured rule is derived from what the captured function closes over
-(dlm_toolkit.capture.closure_key), not listed by hand: a value added to the closure changes the key
+(dlm_toolkit.step.capture.closure_key), not listed by hand: a value added to the closure changes the key
 with no change to the key code, a rule's non-config attributes and the hook outputs set are part of
 it, and a value with no canonical form runs the rule eagerly after one warning (never a stale replay).
 Compiled with the ``aot_eager`` backend on hand-built contexts (seconds, not a model decode)."""
@@ -13,9 +13,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from dlm_toolkit import DecodingPolicy
-from dlm_toolkit.capture import Channel, Uncapturable, closure_key
+from dlm_toolkit.step.capture import Channel, Uncapturable, closure_key
 from dlm_toolkit.hooks import StepHook
-from dlm_toolkit.rule_capture import RuleRunners, captured
+from dlm_toolkit.step.rule_capture import RuleRunners, captured
 from dlm_toolkit.strategy import Output
 from dlm_toolkit.testing import make_context
 from strategies.m2t_threshold import ThresholdUnmask

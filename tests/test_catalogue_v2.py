@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from dlm_toolkit import DecodingPolicy
-from dlm_toolkit.decode import decode
-from dlm_toolkit.registry import M2T, REMASK
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.strategy.registry import M2T, REMASK
 from dlm_toolkit.testing import make_context
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 from strategies.m2t_dus import dilated_group
@@ -332,7 +332,7 @@ def catalogue_yaml() -> dict:
 
 
 def test_catalogue_sweep_offers_every_builtin_rule():
-    from dlm_toolkit.registry import REGISTRIES
+    from dlm_toolkit.strategy.registry import REGISTRIES
 
     space = catalogue_yaml()["search_space"]
     for role in ("m2t", "t2t", "remask"):
@@ -396,7 +396,7 @@ def records(scores: list[int], tokens: int, nfe: int) -> list[dict]:
 
 
 def test_claim_verdicts():
-    from dlm_toolkit.stats import compare_outcomes
+    from dlm_toolkit.evaluation.stats import compare_outcomes
 
     cat = load_catalogue_script()
     base = records([0] * 15 + [1] * 5, tokens=10, nfe=5)
@@ -575,8 +575,8 @@ def test_learned_recipe_fits_and_the_rule_decodes(tmp_path):
     assert recipe.main([ckpt, "--task", "pick", "--n", "8", "--steps", "30", "--out", str(out)]) == 0
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["examples"] > meta["positives"] > 0 and meta["hidden"] == 16
-    from dlm_toolkit.evaluate import evaluate, load_checkpoint
-    from dlm_toolkit.policy_config import load_policy
+    from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.strategy.policy_config import load_policy
 
     model, tok = load_checkpoint(ckpt)
     res = evaluate(model, tok, "pick", load_policy("llada2.1-q", {"m2t.name": "learned", "m2t.params.path": str(out)}), 4,

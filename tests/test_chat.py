@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from dlm_toolkit.chat import chat_ids, chat_text, encode_prompt, messages_for, use_chat
+from dlm_toolkit.models.chat import chat_ids, chat_text, encode_prompt, messages_for, use_chat
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.decode import decode
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
-from dlm_toolkit.state import row_seed
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.tasks import get_task
-from dlm_toolkit.tokenizer import find_tokenizer, special_ids
+from dlm_toolkit.models.tokenizer import find_tokenizer, special_ids
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "llada2.1-chat-tokenizer"
 TESTBED = Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-editable"

@@ -4,8 +4,8 @@ import pytest
 
 from dlm_toolkit import ConfigError, DecodingPolicy, PolicyConfig, load_policy
 from dlm_toolkit.config import flatten, unflatten
-from dlm_toolkit.policy_config import apply_overrides
-from dlm_toolkit.presets import list_presets
+from dlm_toolkit.strategy.policy_config import apply_overrides
+from dlm_toolkit.strategy.presets import list_presets
 
 
 def test_presets_exist_and_validate():

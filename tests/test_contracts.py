@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dlm_toolkit import EditRule, RemaskRule, StrategyConfig, UnmaskRule
-from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
-from dlm_toolkit.selection import top1
+from dlm_toolkit.strategy.registry import BLOCKS, M2T, REMASK, T2T
+from dlm_toolkit.strategy.selection import top1
 from dlm_toolkit.testing import (BlockScheduleContract, DynamicBlockScheduleContract, EditRuleContract, RemaskRuleContract,
                                  IndelContract, UnmaskRuleContract, VerifierContract)
 
@@ -163,7 +163,7 @@ def test_every_builtin_is_covered():
         for cls in globals().values()
         if isinstance(cls, type) and cls.__name__.startswith("Test") and getattr(cls, "rule_factory", None)
     }
-    from dlm_toolkit.registry import REGISTRIES
+    from dlm_toolkit.strategy.registry import REGISTRIES
 
     builtin = {(role, e.name) for role, reg in REGISTRIES.items() for e in reg.entries() if e.source == "built-in"}
     assert builtin <= covered, f"built-in strategies without a contract test: {sorted(builtin - covered)}"
@@ -302,10 +302,10 @@ def test_unregistered_subclass_keeps_its_own_identity():
     _suite(UnmaskRuleContract, inherited).test_config_round_trip()
 
 
-# -- m2t with a verification forward (dlm_toolkit.verify) -----------------------------------
+# -- m2t with a verification forward (dlm_toolkit.hooks.verify) -----------------------------------
 
 
-class TestIndel(IndelContract):  # t2t with insert/delete edits (dlm_toolkit.indel)
+class TestIndel(IndelContract):  # t2t with insert/delete edits (dlm_toolkit.hooks.indel)
     rule_factory = T2T.get("indel")
     # the default, and one that repairs often on random contexts (so the checks see shifts)
     configs = [{}, {"delete_threshold": 0.2, "insert_threshold": 0.2, "keep_below": 0.9, "indel_steps": 4}]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dlm_toolkit import BLOCKS, M2T, StrategyError, UnmaskRule
-from dlm_toolkit.selection import top1
+from dlm_toolkit.strategy.selection import top1
 from dlm_toolkit.testing import BlockScheduleContract, UnmaskRuleContract
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlm_toolkit import DecodingPolicy, decode
-from dlm_toolkit.state import COUNTERS
+from dlm_toolkit.step.state import COUNTERS
 from dlm_toolkit.testing import ScriptedLM
 
 V, MASK, EOS = 8, 7, 6

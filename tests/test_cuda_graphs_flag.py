@@ -90,7 +90,7 @@ def test_no_cuda_graphs_decodes_the_same_tokens(ckpt, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_evaluate_passes_cuda_graphs_to_decode():
     # the real decode() refuses graphs for a CPU model: the value made it through evaluate/generate
-    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 
     model, tok = load_checkpoint(TESTBED)
     with pytest.raises(ConfigError, match="cuda_graphs needs a CUDA device"):

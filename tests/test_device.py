@@ -1,5 +1,5 @@
 """Full scale on one machine: the engine on any device and dtype, host syncs per step, and the
-``--device/--dtype/--threads`` settings (``dlm_toolkit/runtime.py``)."""
+``--device/--dtype/--threads`` settings (``dlm_toolkit/util/runtime.py``)."""
 
 import json
 import random
@@ -10,7 +10,7 @@ import torch
 from dlm_toolkit import ConfigError, DecodingPolicy, decode
 from dlm_toolkit.cli import main
 from dlm_toolkit.models import load_model, save_model
-from dlm_toolkit.runtime import resolve_device, resolve_dtype, resolve_threads, threads_scope
+from dlm_toolkit.util.runtime import resolve_device, resolve_dtype, resolve_threads, threads_scope
 from dlm_toolkit.testing import HostSyncs, ScriptedLM, mixing_logits, tiny_llada2
 
 V, MASK, EOS = 40, 39, 38
@@ -156,7 +156,7 @@ def test_decode_cli_in_bf16_with_threads(checkpoint, capsys):
     {"m2t.name": "topk", "m2t.params.ranking": "random", "m2t.params.steps_per_block": 4},
 ])
 def test_batch_rows_equal_single_decodes_under_sampling(overrides):
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
 
     model = tiny_llada2(seed=6)
     policy = DecodingPolicy("llada2.1-s", **{"blocks.params.block_length": 4, **overrides})
@@ -173,7 +173,7 @@ def test_batch_rows_equal_single_decodes_under_sampling(overrides):
 
 
 def test_evaluate_is_independent_of_the_batch_size_at_temperature_1():
-    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 
     model, tok = load_checkpoint("checkpoints/testbed-editable")
     policy = DecodingPolicy("llada2.1-s", **{"sampling.temperature": 1.0, "remask.name": "remdm"})

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from dlm_toolkit import ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.registry import BLOCKS
+from dlm_toolkit.strategy.registry import BLOCKS
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 
-decode_module = importlib.import_module("dlm_toolkit.decode")
+decode_module = importlib.import_module("dlm_toolkit.step.loop")
 VOCAB, MASK, EOS = 24, 23, 22
 
 
@@ -198,7 +198,7 @@ def test_batch_rows_decode_as_alone(blocks):
     prompts = [[rng.randrange(0, 60) for _ in range(n)] for n in (2, 9, 5)]
     policy = full_policy(blocks)
     batch = decode(model, prompts, policy, 15, seed=3)
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
 
     for i, p in enumerate(prompts):
         alone = decode(model, [p], policy, 15, seed=[row_seed(3, i)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlm_toolkit.registry import BLOCKS
+from dlm_toolkit.strategy.registry import BLOCKS
 from dlm_toolkit.testing import DynamicBlockScheduleContract
 
 DSB = BLOCKS.get("dsb")

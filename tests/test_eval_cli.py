@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.cli import main
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 
 import sweep_helpers as h
 from sweep_helpers import restore_torch_threads  # noqa: F401

@@ -1,4 +1,4 @@
-"""Device flags (dlm_toolkit.flags): a toy plug-in hook written only against the public API declares
+"""Device flags (dlm_toolkit.step.flags): a toy plug-in hook written only against the public API declares
 a flag and sets it on the device; the engine's one host read raises it naming the right row, at the
 right read, with the row's first payload. Plus the table's refusals (name collisions, wrong dtype or
 shape) and the hook combinations refused when the policy is built (dlm_toolkit.hooks).
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dlm_toolkit import M2T, T2T, ConfigError, DecodingPolicy, Selection, StrategyError, decode
-from dlm_toolkit.blocks_dynamic import DynamicBlocksHook
-from dlm_toolkit.flags import DeviceFlag, FlagBoard, FlagTable, set_flag
+from dlm_toolkit.hooks.dynamic_blocks import DynamicBlocksHook
+from dlm_toolkit.step.flags import DeviceFlag, FlagBoard, FlagTable, set_flag
 from dlm_toolkit.hooks import StepHook
 from dlm_toolkit.testing import ScriptedLM, table_logits
 from strategies.m2t_threshold import ThresholdUnmask

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.decode import decode
-from dlm_toolkit.evaluate import load_checkpoint
-from dlm_toolkit.generate import cut_at_stop, generate, segmentable, validate_stops
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.state import row_seed
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.evaluation.evaluate import load_checkpoint
+from dlm_toolkit.evaluation.generate import cut_at_stop, generate, segmentable, validate_stops
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.tasks import get_task
 
 TESTBED = Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-v2-editable"

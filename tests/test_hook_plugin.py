@@ -121,7 +121,7 @@ def test_forward_budgets_add_to_the_schedule_bound():
 
 def test_two_rules_reading_the_shadow_block_share_one_hook_named_after_the_first():
     from dlm_toolkit import M2T
-    from dlm_toolkit.shadow import Shadow, ShadowHook
+    from dlm_toolkit.hooks.shadow import Shadow, ShadowHook
     from strategies.wino import WinoWideIn
 
     class _ShadowWideIn(WinoWideIn, Shadow):

@@ -149,7 +149,7 @@ def store_template(tmp_path_factory) -> Path:
     """A study as `dlm sweep` leaves it: settings, one COMPLETE trial with policy, hashes, metrics, outcomes."""
     import optuna
 
-    from dlm_toolkit.policy_config import load_policy
+    from dlm_toolkit.strategy.policy_config import load_policy
     from dlm_toolkit.sweep.attrs import write_settings
     from dlm_toolkit.sweep.experiment import load_experiment
 

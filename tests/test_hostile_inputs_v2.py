@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import sweep_helpers as h
-from dlm_toolkit import chat
+from dlm_toolkit.models import chat
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError
 from test_hostile_cli import TESTBED, run_cli
@@ -106,7 +106,7 @@ def test_a_template_at_the_bounds_renders_and_gives_transformers_ids(templated, 
     (the next prompt starts a fresh child) and its ids are transformers' own."""
     from transformers import AutoTokenizer
 
-    from dlm_toolkit.tokenizer import find_tokenizer
+    from dlm_toolkit.models.tokenizer import find_tokenizer
 
     folder = templated("{{ 'x' * 1001 }}")
     with pytest.raises(ConfigError, match="renders 1001 bytes"):
@@ -298,7 +298,7 @@ def _deleting_rule(declared):
     import torch
 
     from dlm_toolkit import T2T
-    from dlm_toolkit.indel import indel_region, written_window
+    from dlm_toolkit.hooks.indel import indel_region, written_window
 
     class _DeletesEveryStep(T2T.get("indel")):
         def indel(self, ctx):
@@ -347,7 +347,7 @@ def test_a_budget_at_the_cap_is_built_and_a_rule_past_its_budget_stops():
 
 def test_a_verifier_and_a_block_schedule_budget_are_capped_too():
     from dlm_toolkit import M2T, DecodingPolicy
-    from dlm_toolkit.registry import REGISTRIES
+    from dlm_toolkit.strategy.registry import REGISTRIES
     from strategies.blocks_semi_ar import SemiAutoregressive
 
     class _Greedy(M2T.get("s2d2")):
@@ -397,7 +397,7 @@ def test_the_same_key_in_sibling_mappings_is_no_duplicate(tmp_path):
     assert read_mapping_file(path)["presets"] == [{"name": "x"}, {"name": "y"}]
     policy = tmp_path / "p.yaml"
     policy.write_text("m2t: {name: threshold}\nm2t: {name: topk}\n")
-    from dlm_toolkit.policy_config import load_policy
+    from dlm_toolkit.strategy.policy_config import load_policy
 
     with pytest.raises(ConfigError, match=r"p.yaml:2: duplicate key 'm2t' \(first on line 1\)"):
         load_policy(str(policy))
@@ -448,7 +448,7 @@ def test_a_special_token_of_the_wrong_type_names_the_file_and_key(value, shown, 
 
 def test_an_added_token_object_is_still_a_special_token(tmp_path):
     """Near miss: the AddedToken form older transformers write loads, with the same EOS id."""
-    from dlm_toolkit.tokenizer import find_tokenizer, special_ids
+    from dlm_toolkit.models.tokenizer import find_tokenizer, special_ids
 
     folder = tmp_path / "tok"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "llada2.1-chat-tokenizer", folder)
@@ -474,7 +474,7 @@ def test_an_empty_mlflow_experiment_is_refused(name, ok, tmp_path, capsys):
 def test_training_rope_theta_has_the_model_configs_bound():
     """A training config's rope_theta is refused where the model config would refuse it (after
     the output folder was claimed), with 1 itself the edge and a value just above it accepted."""
-    from dlm_toolkit.training_config import load_train_config
+    from dlm_toolkit.training.config import load_train_config
 
     with pytest.raises(ConfigError, match="rope_theta"):
         load_train_config({"rope_theta": 1.0})

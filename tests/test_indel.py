@@ -1,4 +1,4 @@
-"""Insert/delete edits (issue 26 hook c, :mod:`dlm_toolkit.indel`) and the ``indel`` T2T rule, each against
+"""Insert/delete edits (issue 26 hook c, :mod:`dlm_toolkit.hooks.indel`) and the ``indel`` T2T rule, each against
 an independent reference: the shift against a plain-list walk, the rule against a loop over positions,
 two decodes hand-worked step by step on scripted models; plus the engine's guarantees (errors name the
 rule and the row, counters, cache on = off, batch invariance, unchanged behaviour when nothing is
@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T, M2T, ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.flags import pending_payload
-from dlm_toolkit.indel import INDEL, Indel, indel_step
-from dlm_toolkit.registry import REGISTRIES
-from dlm_toolkit.state import DecodeState
+from dlm_toolkit.step.flags import pending_payload
+from dlm_toolkit.hooks.indel import INDEL, Indel, indel_step
+from dlm_toolkit.strategy.registry import REGISTRIES
+from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 from strategies.blocks_semi_ar import SemiAutoregressive
 
-decode_module = importlib.import_module("dlm_toolkit.decode")
-indel_module = importlib.import_module("dlm_toolkit.indel")
+decode_module = importlib.import_module("dlm_toolkit.step.loop")
+indel_module = importlib.import_module("dlm_toolkit.hooks.indel")
 IndelEdit = T2T.get("indel")
 EAGER = {"delete_threshold": 0.3, "insert_threshold": 0.3, "keep_below": 0.95}  # repairs often on a random model
 
@@ -442,7 +442,7 @@ def test_compiled_decode_equals_eager(monkeypatch):
 
 
 def on_seed(seed, row):
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
 
     return row_seed(seed, row)
 
@@ -471,8 +471,8 @@ def test_evaluate_reports_the_inserts_and_deletes_a_plain_decode_counts():
     """``evaluate`` (and so ``dlm eval``, sweeps, the catalogue) reports inserts/deletes per token: the
     reference is one plain decode of the same prompts and row seeds, counted by hand."""
     import sweep_helpers as h
-    from dlm_toolkit.evaluate import evaluate, load_checkpoint, task_prompt
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint, task_prompt
+    from dlm_toolkit.step.state import row_seed
     from dlm_toolkit.tasks import get_task
 
     model, tok = load_checkpoint(h.checkpoint())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T
-from dlm_toolkit.indel import indel_region, written_window
+from dlm_toolkit.hooks.indel import indel_region, written_window
 from dlm_toolkit.testing import IndelContract
 
 IndelEdit = T2T.get("indel")

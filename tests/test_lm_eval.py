@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 from dlm_toolkit.integrations.lm_eval import write_gsm8k_task
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.tasks.gsm8k import extract_answer
@@ -208,9 +208,9 @@ def test_generate_until_honours_until_and_max_gen_toks():
     no further than the block it appeared in; max_gen_toks bounds the tokens."""
     from lm_eval.api.instance import Instance
 
-    from dlm_toolkit.decode import decode
+    from dlm_toolkit.step.loop import decode
     from dlm_toolkit.integrations.lm_eval import DlmLM
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
 
     lm = DlmLM(checkpoint=str(REPO / "checkpoints" / "testbed-v2-editable"), preset="llada2.1-q",
                set="blocks.params.block_length=4", threads=1)

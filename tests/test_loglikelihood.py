@@ -89,7 +89,7 @@ def test_estimate_converges_to_the_enumerated_elbo_within_its_error(tiny, ctx, c
 def test_testbed_estimate_matches_its_enumerated_elbo():
     """The trained testbed (strongly context-dependent), blocks of 4: '12+34=' then '47' (a wrong
     sum, so the terms are far from 0) spans the block of the context's tail and the next."""
-    from dlm_toolkit.evaluate import load_checkpoint
+    from dlm_toolkit.evaluation.evaluate import load_checkpoint
 
     model, tok = load_checkpoint(TESTBED)
     ctx, cont = tok.encode("12+34=", add_special_tokens=False), tok.encode("47", add_special_tokens=False)

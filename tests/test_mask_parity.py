@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from dlm_toolkit.conformance import case_policy, observed
-from dlm_toolkit.decode import decode
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.registry import M2T, REMASK, T2T
+from dlm_toolkit.evaluation.conformance import case_policy, observed
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.strategy.registry import M2T, REMASK, T2T
 from dlm_toolkit.testing.models import tiny_llada2
 
 from conformance.reference import MaskDrawn, reference_decode

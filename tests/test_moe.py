@@ -241,7 +241,7 @@ def test_compiled_forward_without_grouped_kernel_takes_the_dense_path(monkeypatc
     path's host reads: it compiles full-graph (no warning) and matches the eager reference."""
     import warnings
 
-    from dlm_toolkit.capture import StepRunner
+    from dlm_toolkit.step.capture import StepRunner
     from dlm_toolkit.models import moe as moe_module
 
     model = tiny_llada2(0)

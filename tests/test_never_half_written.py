@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.cli import main as cli_main
-from dlm_toolkit.files import NoSpaceError, atomic_write, read_regular, write_text
+from dlm_toolkit.util.files import NoSpaceError, atomic_write, read_regular, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "checkpoints" / "testbed-editable"
@@ -93,7 +93,7 @@ def test_a_refused_train_creates_nothing(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- disk full
 def test_disk_full_while_writing_a_resume_point_keeps_the_previous_one(tmp_path, monkeypatch):
-    from dlm_toolkit import training
+    from dlm_toolkit.training import loop as training
     from dlm_toolkit.training import load_train_config, train
 
     out, cfg = tmp_path / "out", config_file(tmp_path)
@@ -162,7 +162,7 @@ def test_disk_full_while_saving_a_model_leaves_the_previous_files(layout, tmp_pa
     full = subprocess.run([sys.executable, str(script), str(TESTBED), str(out), "fast", str(layout)], env=ENV,
                           capture_output=True, text=True, preexec_fn=limit, timeout=300)
     last = full.stderr.strip().splitlines()[-1]
-    prefix = f"dlm_toolkit.files.NoSpaceError: no space left on device while writing {out}/"
+    prefix = f"dlm_toolkit.util.files.NoSpaceError: no space left on device while writing {out}/"
     if layout:  # the first shard is a new name: nothing of it existed before
         assert re.fullmatch(re.escape(prefix) + r"(model-00001-of-\d{5}\.safetensors); \1 was not written", last), last
     else:
@@ -244,7 +244,7 @@ def test_a_real_full_disk_on_a_small_tmpfs(tmp_path):
     script = tmp_path / "full.py"
     script.write_text(TMPFS_SCRIPT)
     done = subprocess.run([bwrap, "--dev-bind", "/", "/", "--size", "200000", "--tmpfs", "/full", sys.executable,
-                           str(script), str(REPO / "dlm_toolkit" / "files.py")], capture_output=True, text=True,
+                           str(script), str(REPO / "dlm_toolkit" / "util" / "files.py")], capture_output=True, text=True,
                           env=ENV, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "refused: no space left on device while writing /full/data.bin; the previous data.bin is " \
@@ -253,7 +253,7 @@ def test_a_real_full_disk_on_a_small_tmpfs(tmp_path):
 
 
 def test_reads_refuse_special_and_oversized_files(tmp_path):
-    from dlm_toolkit.files import InputFileError
+    from dlm_toolkit.util.files import InputFileError
 
     fifo = tmp_path / "policy.json"
     os.mkfifo(fifo)
@@ -274,7 +274,7 @@ def test_reads_refuse_special_and_oversized_files(tmp_path):
 def test_the_final_checkpoint_is_replaced_all_at_once(tmp_path, monkeypatch):
     """The disk fills at the last file of the final save (the loss plot): nothing of the previous
     checkpoint may have been replaced yet -- no new weights beside an old training.json."""
-    from dlm_toolkit import training
+    from dlm_toolkit.training import loop as training
     from dlm_toolkit.training import load_train_config, train
 
     out = tmp_path / "out"
@@ -315,7 +315,7 @@ def test_pareto_files_are_replaced_whole_or_not_at_all(tmp_path):
 
 
 def test_tokenizer_files_are_replaced_whole_or_not_at_all(tmp_path):
-    from dlm_toolkit.tokenizer import build_char_tokenizer, save_tokenizer
+    from dlm_toolkit.models.tokenizer import build_char_tokenizer, save_tokenizer
 
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (tmp_path / name).write_text(json.dumps(json.loads((TESTBED / name).read_text())))  # other bytes

@@ -13,7 +13,7 @@ import torch
 from dlm_toolkit import BLOCKS, T2T, DecodingPolicy, StrategyError, decode
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, table_logits
 
-indel_module = importlib.import_module("dlm_toolkit.indel")
+indel_module = importlib.import_module("dlm_toolkit.hooks.indel")
 
 V, MASK, EOS = 12, 11, 10
 A, B = 1, 2
@@ -293,7 +293,7 @@ def test_a_stop_string_across_a_block_boundary_stops_the_row(stop, text, blocks)
     and one post forward). A row stops after the block that completes the stop string: 2 forwards
     per decoded block, not 10 for the whole budget. Fails when the stop check reads only the
     segment's own text (the straddling "de" is then missed: 10 forwards, the same text)."""
-    from dlm_toolkit.generate import generate
+    from dlm_toolkit.evaluation.generate import generate
 
     rows, _ = generate(letters_model(), CharTokenizer(), [[0, 1, 2, 3]], stop_policy(), 20, stop=[stop], seeds=[0])
     row = rows[0]
@@ -305,7 +305,7 @@ def test_the_unsegmented_path_reports_an_eos_without_eos_early_stop():
     """Blocks aligned after the prompt are decoded whole (not segmented); with ``eos_early_stop`` off
     the decode does not report the EOS (``eos_stopped`` false), yet the row did end at one:
     ``stopped`` is "eos". Fails when ``stopped`` reads only ``eos_stopped``."""
-    from dlm_toolkit.generate import generate, segmentable
+    from dlm_toolkit.evaluation.generate import generate, segmentable
 
     pol = stop_policy(align="prompt", eos_early_stop=False)
     model = letters_model(eos_at=3 + 6)  # prompt of 3: the seventh generated position (after "jabcde")
@@ -344,7 +344,7 @@ def test_atomic_write_many_syncs_every_file_then_renames_then_syncs_the_folder(t
     """Each temporary is fsynced (its bytes on disk) before any rename, and the folder once after the
     last rename (the renames on disk). Fails without the temporary's fsync and with the folder fsynced
     before the renames."""
-    from dlm_toolkit.files import atomic_write_many
+    from dlm_toolkit.util.files import atomic_write_many
 
     calls = _record_syncs_and_renames(monkeypatch)
     names = ["b.txt", "a.txt", "c.txt"]
@@ -361,7 +361,7 @@ def test_atomic_write_many_syncs_every_file_then_renames_then_syncs_the_folder(t
 def test_a_multi_file_write_failing_part_way_changes_no_file(tmp_path):
     """The third of three files fails after two were complete: every previous file keeps its bytes
     and no temporary is left. Fails if a file is renamed as soon as it is written."""
-    from dlm_toolkit.files import atomic_write_many
+    from dlm_toolkit.util.files import atomic_write_many
 
     for n in ("a", "b", "c"):
         (tmp_path / n).write_text(f"old {n}")
@@ -382,8 +382,8 @@ def test_a_tokenizer_save_failing_at_its_last_file_changes_no_file(tmp_path, mon
     behind, and the error names the file (the last in name order)."""
     import json
 
-    from dlm_toolkit import files
-    from dlm_toolkit.tokenizer import build_char_tokenizer, save_tokenizer
+    from dlm_toolkit.util import files
+    from dlm_toolkit.models.tokenizer import build_char_tokenizer, save_tokenizer
 
     testbed = Path(__file__).resolve().parents[1] / "checkpoints" / "testbed-editable"
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

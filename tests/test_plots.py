@@ -1,7 +1,7 @@
 import pytest
 
 from dlm_toolkit import DecodingPolicy, decode
-from dlm_toolkit.plots import plot_trajectory
+from dlm_toolkit.evaluation.plots import plot_trajectory
 from dlm_toolkit.testing import tiny_llada2
 
 
@@ -17,7 +17,7 @@ def test_trajectory_plot_draws_every_commit_and_edit(tmp_path):
 
 
 def test_trajectory_plot_draws_inserts_and_deletes():
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
 
     eager = {"t2t.name": "indel", "t2t.params.delete_threshold": 0.3, "t2t.params.insert_threshold": 0.3,
              "t2t.params.keep_below": 0.95, "blocks.params.block_length": 4}

@@ -117,7 +117,7 @@ def test_no_plugins_env_hides_the_plugin(site, tmp_path):
 BROKEN_DRIVER = """
 import contextlib, io, json
 from dlm_toolkit.cli import main
-from dlm_toolkit.registry import M2T
+from dlm_toolkit.strategy.registry import M2T
 
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -147,7 +147,7 @@ def test_broken_plugin_is_reported_and_listing_still_works(site, tmp_path):
 def test_two_plugins_registering_one_name_raise_plugin_error(tmp_path):
     rule = """
         from dlm_toolkit import M2T, UnmaskRule
-        from dlm_toolkit.selection import top1
+        from dlm_toolkit.strategy.selection import top1
 
         @M2T.register("dup_rule")
         class {cls}(UnmaskRule):
@@ -156,7 +156,7 @@ def test_two_plugins_registering_one_name_raise_plugin_error(tmp_path):
     """
     a = fake_distribution(tmp_path / "a", "dup-a", {"dupa": "dup_a_mod"}, {"dup_a_mod": rule.format(cls="DupA")})
     b = fake_distribution(tmp_path / "b", "dup-b", {"dupb": "dup_b_mod"}, {"dup_b_mod": rule.format(cls="DupB")})
-    probe = "from dlm_toolkit.registry import PluginError, load_plugins\ntry:\n    load_plugins()\nexcept PluginError as e:\n    print('PluginError:', e)"
+    probe = "from dlm_toolkit.strategy.registry import PluginError, load_plugins\ntry:\n    load_plugins()\nexcept PluginError as e:\n    print('PluginError:', e)"
     done = run(["-c", probe], a, b, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "PluginError: m2t rule 'dup_rule' registered twice" in done.stdout

@@ -14,7 +14,7 @@ import transformers
 
 import sweep_helpers as h
 from dlm_toolkit.cli import main
-from dlm_toolkit.registry import BLOCKS, M2T, REMASK, T2T
+from dlm_toolkit.strategy.registry import BLOCKS, M2T, REMASK, T2T
 from dlm_toolkit.sweep import load_experiment, run_sweep
 from dlm_toolkit.sweep.storage import load_study
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm_toolkit.files import atomic_write, write_text
+from dlm_toolkit.util.files import atomic_write, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO),
@@ -106,7 +106,7 @@ def test_train_refuses_an_out_without_room_for_the_checkpoint(tmp_path):
 
 
 def test_checkpoint_bytes_counts_the_largest_write():
-    from dlm_toolkit.training_claim import checkpoint_bytes
+    from dlm_toolkit.training.claim import checkpoint_bytes
 
     assert checkpoint_bytes(1000, 4, resume_points=False) == 4000  # float32 weights
     assert checkpoint_bytes(1000, 2, resume_points=False) == 2000  # bfloat16

@@ -1,4 +1,4 @@
-"""The counter-based random draws (``dlm_toolkit/rng.py``) against plain-Python references."""
+"""The counter-based random draws (``dlm_toolkit/step/rng.py``) against plain-Python references."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from dlm_toolkit import rng
+from dlm_toolkit.step import rng
 from dlm_toolkit.testing import make_context
 
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from dlm_toolkit.registry import M2T, T2T
+from dlm_toolkit.strategy.registry import M2T, T2T
 from dlm_toolkit.testing import make_context
 from strategies.schedules import cosine, linear, quota
 

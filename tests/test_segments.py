@@ -1,5 +1,5 @@
-"""The engine's forward primitive (:mod:`dlm_toolkit.segments`, ``StepEngine.run``) and the canvas
-module (:mod:`dlm_toolkit.canvas`), driven by toy hooks written only against the public API:
+"""The engine's forward primitive (:mod:`dlm_toolkit.step.segments`, ``StepEngine.run``) and the canvas
+module (:mod:`dlm_toolkit.step.canvas`), driven by toy hooks written only against the public API:
 
 - a hook appends a segment to every step forward (a copy of the window's generated slots, hidden
   from everything but the prompt, or from everything but its block with or without the key at its
@@ -7,7 +7,7 @@ module (:mod:`dlm_toolkit.canvas`), driven by toy hooks written only against the
   model over the same ids and positions with an attention mask built here, entry by entry;
 - counters: an appended segment adds ``forward_tokens`` and no NFE; a hook's own forward
   (``extra_forward``) adds an NFE to its rows only;
-- a hook that rewrites the canvas through :mod:`dlm_toolkit.canvas` only.
+- a hook that rewrites the canvas through :mod:`dlm_toolkit.step.canvas` only.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T, DecodingPolicy, decode
-from dlm_toolkit.canvas import window_values, write_window
+from dlm_toolkit.step.canvas import window_values, write_window
 from dlm_toolkit.hooks import StepHook
-from dlm_toolkit.segments import Keys, Segment
+from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.testing import tiny_llada2
 from strategies.t2t_none import NoEdit
 
@@ -179,7 +179,7 @@ def test_an_extra_forward_adds_nfe_to_its_rows_only(kv_cache):
 
 class PinFive(StepHook):
     """After the write, every written generated token of the window becomes token 5 (provenance
-    kept), written only through dlm_toolkit.canvas."""
+    kept), written only through dlm_toolkit.step.canvas."""
 
     def after_write(self, ctx, state):
         tokens, step, conf = window_values(state, ctx)
@@ -203,7 +203,7 @@ def test_a_hook_writes_the_canvas_through_the_canvas_module(kv_cache):
 def test_window_slots_off_the_canvas_carry_the_value_of_the_position_they_clamp_onto(start, want):
     # canvas [10, 11, 12, 13]; window of 4 slots at start..start+3 drafted as [90, 91, 92, 93]: a slot
     # left of 0 clamps onto 0 and writes the value of the slot at 0; right of 3 onto 3 likewise
-    from dlm_toolkit.canvas import drafted_canvas, window_slots
+    from dlm_toolkit.step.canvas import drafted_canvas, window_slots
     from dlm_toolkit.testing import make_context
 
     ctx = make_context(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 4, 8), mask_token_id=7)
@@ -249,9 +249,9 @@ def test_the_engines_window_pattern_without_the_cache_is_its_rule(align):
     # the engine's one-comparison pattern of the cache-off window (StepEngine.prefix_pattern) against
     # the generic rule (keys of the query's group or earlier, real slots only) on random window ends and
     # live rows; align "prompt" puts positions before the origin in group -1
-    from dlm_toolkit.engine import StepEngine
-    from dlm_toolkit.segments import layout
-    from dlm_toolkit.state import DecodeState
+    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.step.segments import layout
+    from dlm_toolkit.step.state import DecodeState
 
     pol = DecodingPolicy({"m2t": {"name": "threshold"}, "t2t": {"name": "none"}, "remask": {"name": "none"},
                           "blocks": {"name": "semi_ar", "params": {"block_length": BL, "align": align}}})

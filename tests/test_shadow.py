@@ -1,4 +1,4 @@
-"""Shadow blocks (WINO's verification inside the step's forward, :mod:`dlm_toolkit.shadow`) and the
+"""Shadow blocks (WINO's verification inside the step's forward, :mod:`dlm_toolkit.hooks.shadow`) and the
 ``wino_shadow`` remask rule: against a plain-loop WINO whose attention matrix is written out entry by
 entry, plus the engine's guarantees (the window, the cache and the NFE are those of the forward without
 the shadow; cache on = off; batch = alone; captured = eager; refusals name the rule)."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from dlm_toolkit import REMASK, T2T, ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.state import row_seed
+from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.testing import ScriptedLM, make_context, mixing_logits, tiny_llada2
 from test_catalogue_v2 import EOS, MASK, VOCAB, random_problem
-decode_module = importlib.import_module("dlm_toolkit.decode")
+decode_module = importlib.import_module("dlm_toolkit.step.loop")
 
 
 def reference_wino_shadow(fn, prompt: list[int], gen: int, block: int, tau1: float, tau2: float
@@ -103,7 +103,7 @@ REPO = Path(__file__).resolve().parents[1]
 def testbed():
     """The shipped testbed model and four `pick` prompts: WINO re-masks there (a random tiny model's
     near-uniform drafts come one per step, which leaves narrow-out no budget)."""
-    from dlm_toolkit.evaluate import load_checkpoint, task_prompt
+    from dlm_toolkit.evaluation.evaluate import load_checkpoint, task_prompt
     from dlm_toolkit.tasks import get_task
 
     model, tok = load_checkpoint(REPO / "checkpoints" / "testbed-v2-editable")
@@ -202,7 +202,7 @@ def test_shadow_confidence_is_zero_at_prompt_slots_of_the_active_block():
     shadow's confidence is 0 at its prompt slots, at masks and outside the block, and positive at each
     written generated slot of the block (the near miss, same steps). Fails when ``shadow_confidence``
     drops ``~ctx.is_prompt``."""
-    from dlm_toolkit.shadow import Shadow
+    from dlm_toolkit.hooks.shadow import Shadow
 
     if "_records_shadow" not in T2T.names():
         T2T.register("_records_shadow")(type("_RecordsShadow", (_RecordsTheShadow, Shadow), {}))

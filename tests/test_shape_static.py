@@ -21,8 +21,8 @@ from dlm_toolkit import ConfigError, DecodingPolicy, decode
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 
 ROOT = Path(__file__).resolve().parents[1]
-decode_module = importlib.import_module("dlm_toolkit.decode")  # the package exports the function by that name
-conformance_module = importlib.import_module("dlm_toolkit.conformance")
+decode_module = importlib.import_module("dlm_toolkit.step.loop")  # the package exports the function by that name
+conformance_module = importlib.import_module("dlm_toolkit.evaluation.conformance")
 
 
 @pytest.fixture(autouse=True)
@@ -135,7 +135,7 @@ def test_conformance_goldens_pass_through_the_compiled_step(monkeypatch):
 
 
 def test_shipped_testbed_decodes_the_same_compiled():
-    from dlm_toolkit.evaluate import load_checkpoint
+    from dlm_toolkit.evaluation.evaluate import load_checkpoint
 
     model, tok = load_checkpoint(ROOT / "checkpoints" / "testbed-v2-editable")
     prompts = [tok.encode(t) for t in ("12+34=", "sort 3 1 2:", "7+8=")]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 NAMES = ("testbed-editable", "testbed-maskonly", "testbed-v2-editable", "testbed-v2-maskonly")

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from dlm_toolkit.cli import main
-from dlm_toolkit.stats import compare_outcomes, mcnemar_exact, paired_bootstrap, wilson
+from dlm_toolkit.evaluation.stats import compare_outcomes, mcnemar_exact, paired_bootstrap, wilson
 
 CHECKPOINT = "checkpoints/testbed-editable"
 

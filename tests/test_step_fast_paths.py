@@ -16,10 +16,10 @@ import torch
 
 from dlm_toolkit import DecodingPolicy
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.decode import step_context
-from dlm_toolkit.sampling import sample
-from dlm_toolkit.selection import top1, topk_per_row
-from dlm_toolkit.state import DecodeState
+from dlm_toolkit.step.loop import step_context
+from dlm_toolkit.step.sampling import sample
+from dlm_toolkit.strategy.selection import top1, topk_per_row
+from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.testing import make_context
 from strategies.blocks_semi_ar import SemiAutoregressive
 from strategies.m2t_threshold import ThresholdUnmask

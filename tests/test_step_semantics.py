@@ -18,8 +18,8 @@ import torch
 
 from dlm_toolkit import BLOCKS, REMASK, DecodingPolicy, RemaskRule, StrategyError, decode
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.selection import remaskable
-from dlm_toolkit.state import row_seed
+from dlm_toolkit.strategy.selection import remaskable
+from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.testing import ScriptedLM, make_context, table_logits, tiny_llada2
 
 V, MASK, EOS = 12, 11, 10

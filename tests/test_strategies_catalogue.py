@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dlm_toolkit import Selection
-from dlm_toolkit.registry import M2T, REMASK, T2T
-from dlm_toolkit.selection import entropy
+from dlm_toolkit.strategy.registry import M2T, REMASK, T2T
+from dlm_toolkit.strategy.selection import entropy
 from dlm_toolkit.testing import make_context
 
 M = 9  # mask id in a 10-token vocab

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.policy_config import load_policy
+from dlm_toolkit.strategy.policy_config import load_policy
 from dlm_toolkit.sweep.attrs import read_settings
 from dlm_toolkit.sweep.experiment import load_experiment
 from dlm_toolkit.sweep.pareto import (
@@ -292,7 +292,7 @@ def test_pareto_cli_table_json_and_logging(swept, capsys, tmp_path):
 
 def test_trials_store_outcomes_and_the_front_marks_ties(swept, capsys):
     from dlm_toolkit.sweep.pareto import decode_outcomes, summarize
-    from dlm_toolkit.stats import mcnemar_exact
+    from dlm_toolkit.evaluation.stats import mcnemar_exact
 
     study = load_study(swept["storage"], "t")
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
@@ -426,7 +426,7 @@ def test_reconcile_never_kills_a_run_that_finishes_while_it_looks(tmp_path):
 
 
 def test_a_repeated_policy_is_evaluated_once_and_tagged_duplicate_of(tmp_path, monkeypatch):
-    import dlm_toolkit.evaluate as evaluate_module
+    import dlm_toolkit.evaluation.evaluate as evaluate_module
 
     calls = []
     real = evaluate_module.evaluate
@@ -514,7 +514,7 @@ def test_a_relative_sqlite_store_survives_moving_its_folder(tmp_path, monkeypatc
 
     from mlflow import MlflowClient
 
-    from dlm_toolkit.evaluate import EvalResult
+    from dlm_toolkit.evaluation.evaluate import EvalResult
     from dlm_toolkit.sweep.tracking import log_eval_run
 
     before, after = tmp_path / "before", tmp_path / "after"

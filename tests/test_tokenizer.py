@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from dlm_toolkit.tasks import get_task
-from dlm_toolkit.tokenizer import (
+from dlm_toolkit.models.tokenizer import (
     EOS_TOKEN,
     MASK_TOKEN,
     build_char_tokenizer,

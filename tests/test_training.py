@@ -10,13 +10,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from dlm_toolkit import training, training_resume
+from dlm_toolkit.training import loop as training
+from dlm_toolkit.training import resume as training_resume
 from dlm_toolkit.cli import main as cli_main
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
-from dlm_toolkit.policy import DecodingPolicy
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.strategy.policy import DecodingPolicy
 from dlm_toolkit.tasks import get_task
-from dlm_toolkit.tokenizer import build_char_tokenizer, special_ids
+from dlm_toolkit.models.tokenizer import build_char_tokenizer, special_ids
 from dlm_toolkit.training import (
     TrainConfig,
     block_diffusion_attn_mask,

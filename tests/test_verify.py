@@ -15,9 +15,9 @@ import torch
 from dlm_toolkit import ConfigError, DecodingPolicy, M2T, StrategyError, decode
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 from dlm_toolkit.testing.contracts_cases import build_context, random_case
-from dlm_toolkit.verify import verify_uniform
+from dlm_toolkit.hooks.verify import verify_uniform
 
-decode_module = importlib.import_module("dlm_toolkit.decode")
+decode_module = importlib.import_module("dlm_toolkit.step.loop")
 B = 4  # block length of every decode here
 
 
@@ -147,7 +147,7 @@ def reference_rejection(probs_p, probs_q, draft, span, u, gumbel_u, mask, expone
 
 
 def _mix32(x: int) -> int:
-    """Wellons' lowbias32 on a plain int (the hash dlm_toolkit.rng documents)."""
+    """Wellons' lowbias32 on a plain int (the hash dlm_toolkit.step.rng documents)."""
     x ^= x >> 16
     x = (x * 0x7FEB352D) & 0xFFFFFFFF
     x ^= x >> 15
@@ -222,7 +222,7 @@ def test_cache_on_and_off_batch_and_alone_give_the_same_tokens_and_nfe(acceptanc
     on = decode(model, prompts, policy, 13, kv_cache=True, seed=9)
     off = decode(model, prompts, policy, 13, kv_cache=False, seed=9)
     assert on.tokens == off.tokens and [r.nfe for r in on.rows] == [r.nfe for r in off.rows]
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
     for i, p in enumerate(prompts):
         alone = decode(model, [p], policy, 13, seed=[row_seed(9, i)])
         assert alone.tokens[0] == on.tokens[i] and alone.rows[0].nfe == on.rows[i].nfe

@@ -11,7 +11,7 @@ import torch
 from dlm_toolkit import M2T
 from dlm_toolkit.testing import VerifierContract
 
-verify_module = importlib.import_module("dlm_toolkit.verify")
+verify_module = importlib.import_module("dlm_toolkit.hooks.verify")
 S2D2 = M2T.get("s2d2")
 
 

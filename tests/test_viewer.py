@@ -57,7 +57,7 @@ def test_page_frames_are_the_canvas_after_each_forward(every):
 
 
 def test_insert_and_delete_shifts_replay_to_the_engines_canvas():
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
     from dlm_toolkit.testing import tiny_llada2
     from dlm_toolkit.viewer.replay import DELETE, INSERT
 

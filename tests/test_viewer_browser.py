@@ -73,7 +73,7 @@ def select_row(browser, row: int) -> None:
 
 def screenshot(browser, name: str) -> None:
     """docs/NAME, replaced whole (temp name + rename)."""
-    from dlm_toolkit.files import atomic_write
+    from dlm_toolkit.util.files import atomic_write
 
     atomic_write(REPO / "docs" / name, lambda tmp: Path(tmp).write_bytes(browser.get_screenshot_as_png()))
 

@@ -19,7 +19,7 @@ EDITING = {"m2t": {"name": "wino"}, "remask": {"name": "wino_shadow"},
 
 @functools.lru_cache(maxsize=1)
 def load_testbed() -> tuple[Any, Any, list[list[int]], int]:
-    from dlm_toolkit.evaluate import load_checkpoint, task_prompt
+    from dlm_toolkit.evaluation.evaluate import load_checkpoint, task_prompt
     from dlm_toolkit.tasks import get_task
 
     model, tok = load_checkpoint(TESTBED)

@@ -9,7 +9,7 @@ import os
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError, parse_value
-from dlm_toolkit.policy_config import PolicyConfig, load_policy
+from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
 
 
 def parse_sets(items: Sequence[str] | None) -> dict[str, Any]:
@@ -75,10 +75,10 @@ def check_cuda_graphs(cuda_graphs: bool | None, devices: Sequence[str | None], o
 def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = True, **ids: int | None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of checkpoint ``path`` on ``--device`` in ``--dtype``, with ``--threads``
     applied; ``ids``: ``mask_token_id``/``eos_token_id`` overrides. Under ``torchrun`` each rank
-    loads its shard of the model and only rank 0 prints (see :mod:`dlm_toolkit.distributed`)."""
-    from dlm_toolkit.distributed import init_from_env
-    from dlm_toolkit.evaluate import load_checkpoint
-    from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
+    loads its shard of the model and only rank 0 prints (see :mod:`dlm_toolkit.util.distributed`)."""
+    from dlm_toolkit.util.distributed import init_from_env
+    from dlm_toolkit.evaluation.evaluate import load_checkpoint
+    from dlm_toolkit.util.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 
     resolve_threads(args.threads, small_model=True)  # a bad value fails before the model loads
     tp, device = init_from_env(args.device)

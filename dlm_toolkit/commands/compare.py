@@ -1,7 +1,7 @@
 """``dlm compare``: two policies on the same eval instances, with the paired difference.
 
 Both policies decode the same ``n`` instances (same seed, so the same per-instance random
-streams); the comparison is instance by instance (:func:`dlm_toolkit.stats.compare_outcomes`):
+streams); the comparison is instance by instance (:func:`dlm_toolkit.evaluation.stats.compare_outcomes`):
 exact McNemar for accuracy, paired bootstrap intervals for the accuracy and TPF differences.
 """
 
@@ -17,9 +17,9 @@ from dlm_toolkit.config import ConfigError
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from dlm_toolkit.evaluate import check_n, evaluate
-    from dlm_toolkit.policy_config import load_policy
-    from dlm_toolkit.stats import compare_outcomes
+    from dlm_toolkit.evaluation.evaluate import check_n, evaluate
+    from dlm_toolkit.strategy.policy_config import load_policy
+    from dlm_toolkit.evaluation.stats import compare_outcomes
     from dlm_toolkit.tasks import get_task
 
     check_cuda_graphs(args.cuda_graphs, [args.device])
@@ -74,10 +74,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def write_compare_html(args: argparse.Namespace, model: object, tokenizer: object, task: object,
                        policies: dict) -> None:
     """``--html``: the first (up to 3) eval instances decoded again, recorded, under A and B, side by side."""
-    from dlm_toolkit.chat import use_chat
-    from dlm_toolkit.decode import decode
-    from dlm_toolkit.evaluate import task_prompt
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.models.chat import use_chat
+    from dlm_toolkit.step.loop import decode
+    from dlm_toolkit.evaluation.evaluate import task_prompt
+    from dlm_toolkit.step.state import row_seed
     from dlm_toolkit.viewer import compare_page, write_page
 
     instances = task.instances(args.n, args.seed, "eval")[:3]  # type: ignore[attr-defined]

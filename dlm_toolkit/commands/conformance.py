@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from dlm_toolkit.conformance import run_conformance
+    from dlm_toolkit.evaluation.conformance import run_conformance
 
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.kv]
     passed = failed = decodes = values = traced = 0

@@ -11,7 +11,7 @@ from dlm_toolkit.config import ConfigError
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from dlm_toolkit.decode import decode
+    from dlm_toolkit.step.loop import decode
 
     check_cuda_graphs(args.cuda_graphs, [args.device])
     policy = policy_from_args(args)
@@ -35,7 +35,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     else:
         if tokenizer is None:
             raise ConfigError(f"{args.checkpoint} has no tokenizer files: use --prompt-ids instead of --prompt")
-        from dlm_toolkit.chat import encode_prompt, use_chat
+        from dlm_toolkit.models.chat import encode_prompt, use_chat
 
         chat = use_chat(tokenizer, "true" if args.chat else "false", "--chat")
         prompt = encode_prompt(tokenizer, args.prompt, chat, args.system)

@@ -12,7 +12,7 @@ from dlm_toolkit.config import ConfigError
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from dlm_toolkit.evaluate import check_n
+    from dlm_toolkit.evaluation.evaluate import check_n
     from dlm_toolkit.tasks import get_task
 
     check_cuda_graphs(args.cuda_graphs, [args.device])
@@ -32,16 +32,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         check_sqlite_folder(args.tracking_uri, "--tracking-uri")
 
-    from dlm_toolkit.evaluate import evaluate
+    from dlm_toolkit.evaluation.evaluate import evaluate
 
-    from dlm_toolkit.provenance import collect
+    from dlm_toolkit.util.provenance import collect
 
     model, tokenizer = load_for_args(args, args.checkpoint)
     prov = collect(policy, model)
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
                       progress=not args.no_progress, threads=args.threads, cuda_graphs=args.cuda_graphs)
     run_id = None
-    from dlm_toolkit.distributed import is_main_process
+    from dlm_toolkit.util.distributed import is_main_process
 
     if args.tracking_uri and is_main_process():  # under torchrun every rank has the same result
         from dlm_toolkit.sweep.tracking import log_eval_run

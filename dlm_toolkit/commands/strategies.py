@@ -7,8 +7,8 @@ import json
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    from dlm_toolkit.catalogue import describe_strategies
-    from dlm_toolkit.presets import list_presets
+    from dlm_toolkit.strategy.catalogue import describe_strategies
+    from dlm_toolkit.strategy.presets import list_presets
 
     if args.what == "presets":
         print(json.dumps(list_presets()) if args.json else "\n".join(list_presets()))

@@ -217,10 +217,10 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
            threads: int | None = None, cuda_graphs: bool | None = None, unsafe_exec: bool = False) -> dict[str, Any]:
     """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
     ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
-    ``threads``, ``cuda_graphs``: as :func:`~dlm_toolkit.evaluate.evaluate`'s (graphs change no
+    ``threads``, ``cuda_graphs``: as :func:`~dlm_toolkit.evaluation.evaluate.evaluate`'s (graphs change no
     metric but the timing ones). ``unsafe_exec`` (``--unsafe-exec``) is the only source of that
     privilege: a store whose ``task_args`` ask for it is refused without it, before anything runs."""
-    from dlm_toolkit.evaluate import evaluate, load_checkpoint
+    from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
 
@@ -238,7 +238,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
         error = error[:300] if isinstance(error, str) else None
         raise ConfigError(f"--trial {number}: trial has no stored policy (state {trial.state.name}"
                           + (f", error: {error}" if error else "") + ")")
-    from dlm_toolkit.provenance import changed_plugins, collect, plugin_hashes
+    from dlm_toolkit.util.provenance import changed_plugins, collect, plugin_hashes
 
     warnings = changed_plugins(trial_plugin_hashes(trial), plugin_hashes(collect(policy)))
     from dlm_toolkit.sweep.experiment import PRIVILEGED_TASK_ARGS, _takes

@@ -13,8 +13,8 @@ from dlm_toolkit.commands.common import parse_sets
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dlm_toolkit.runtime import resolve_threads
-    from dlm_toolkit.training import load_train_config, train
+    from dlm_toolkit.util.runtime import resolve_threads
+    from dlm_toolkit.training.loop import load_train_config, train
 
     overrides = parse_sets(args.set)
     if args.threads is not None:

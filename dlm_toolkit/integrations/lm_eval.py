@@ -24,7 +24,7 @@ other requests it comes with), ``stop_every`` (blocks between stop-string checks
 lm-eval's ``--batch_size`` is the decode batch.
 
 ``generate_until`` decodes batches of requests with the policy, stops each row at the request's
-``until`` strings or EOS (its further blocks are not decoded: :mod:`dlm_toolkit.generate`) and at
+``until`` strings or EOS (its further blocks are not decoded: :mod:`dlm_toolkit.evaluation.generate`) and at
 ``max_gen_toks`` tokens. Per request NFE, tokens, TPF and how it stopped, and the totals (TPF,
 tokens/s), go into the results under ``config.dlm`` (and into MLflow when a tracking URI is set).
 ``loglikelihood`` (multiple-choice tasks) is a Monte-Carlo estimate of the masked-diffusion ELBO
@@ -46,9 +46,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from dlm_toolkit.chat import chat_text, has_chat_template
+from dlm_toolkit.models.chat import chat_text, has_chat_template
 from dlm_toolkit.config import ConfigError, parse_value
-from dlm_toolkit.generate import generate, validate_stops
+from dlm_toolkit.evaluation.generate import generate, validate_stops
 
 __all__ = ["DlmLM", "main", "write_gsm8k_task"]
 
@@ -78,12 +78,12 @@ class DlmLM(LM):
                  kv_cache: bool = True, tracking_uri: str | None = None, experiment_name: str = "dlm-lm-eval",
                  mc_num: int = 128, mc_batch_size: int = 32, pretrained: str | None = None, **unused: Any) -> None:
         super().__init__()
-        from dlm_toolkit.distributed import init_from_env
-        from dlm_toolkit.evaluate import load_checkpoint
+        from dlm_toolkit.util.distributed import init_from_env
+        from dlm_toolkit.evaluation.evaluate import load_checkpoint
         from dlm_toolkit.integrations.loglik import check_mc_args
-        from dlm_toolkit.policy import DecodingPolicy
-        from dlm_toolkit.policy_config import load_policy
-        from dlm_toolkit.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
+        from dlm_toolkit.strategy.policy import DecodingPolicy
+        from dlm_toolkit.strategy.policy_config import load_policy
+        from dlm_toolkit.util.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 
         if preset and policy:
             raise ConfigError("model_args: give preset or policy, not both")
@@ -149,7 +149,7 @@ class DlmLM(LM):
         estimate's standard error goes into :attr:`loglik_log` and the results' ``config.dlm``."""
         import torch
 
-        from dlm_toolkit.evaluate import check_task_context
+        from dlm_toolkit.evaluation.evaluate import check_task_context
         from dlm_toolkit.integrations.loglik import estimate_loglikelihood
 
         pairs = []
@@ -215,7 +215,7 @@ class DlmLM(LM):
         return whole[:len(ctx)], whole[len(ctx):]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        from dlm_toolkit.evaluate import check_task_context
+        from dlm_toolkit.evaluation.evaluate import check_task_context
 
         seeds = request_seeds(self.seed, requests)
         jobs = []
@@ -348,7 +348,7 @@ def write_gsm8k_task(folder: str | os.PathLike, data: str | os.PathLike, max_gen
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     """Raw ids of ``text`` (no special tokens; a chat template, if asked, is already applied)."""
-    from dlm_toolkit.chat import encode_prompt
+    from dlm_toolkit.models.chat import encode_prompt
 
     return encode_prompt(tokenizer, text, False)
 
@@ -361,7 +361,7 @@ def request_seeds(seed: int, requests: Sequence[Any]) -> list[int]:
     import hashlib
     import json
 
-    from dlm_toolkit.state import row_seed
+    from dlm_toolkit.step.state import row_seed
 
     seen: dict[str, int] = {}
     out = []
@@ -376,7 +376,7 @@ def request_seeds(seed: int, requests: Sequence[Any]) -> list[int]:
 
 
 def _is_main() -> bool:
-    from dlm_toolkit.distributed import is_main_process
+    from dlm_toolkit.util.distributed import is_main_process
 
     return is_main_process()
 
@@ -386,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Bad input (our checks: a policy, a checkpoint, stop strings, ``max_gen_toks`` past the context,
     ``mc_num``, a loglikelihood request past the context) exits 2 with one line. Under ``torchrun`` the model
-    joins the process group as it loads (:func:`dlm_toolkit.distributed.init_from_env`), which
+    joins the process group as it loads (:func:`dlm_toolkit.util.distributed.init_from_env`), which
     silences ``stdout`` on ranks other than 0, and lm-eval then saves results on rank 0 only.
     """
     from lm_eval.__main__ import cli_evaluate

@@ -13,7 +13,7 @@ decode's view when it reaches block ``b``; teacher-forced as in training) and it
 positions; positions of the last block past the continuation hold the mask token, as in a decode
 canvas, so the continuation is scored as the start of a generation (the rest is marginalised).
 All blocks of one sample go through ONE forward in the ``[x_t ; x_0]`` layout the model was
-trained on (:func:`~dlm_toolkit.training_objective.block_diffusion_attn_mask`). A full-attention
+trained on (:func:`~dlm_toolkit.training.objective.block_diffusion_attn_mask`). A full-attention
 model (LLaDA-1 style) is one block holding context and continuation, no padding: LLaDA's estimator.
 
 Samples are i.i.d. (no stratification), so the standard error is the samples' standard
@@ -33,7 +33,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.models.base import DiffusionLM, model_device
-from dlm_toolkit.training_objective import block_diffusion_attn_mask
+from dlm_toolkit.training.objective import block_diffusion_attn_mask
 
 __all__ = ["LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_mc_args", "estimate_loglikelihood"]
 

@@ -11,7 +11,7 @@ plus one tensor. For the released models (their released configs, router weights
 
 * LLaDA2 mini: 16.26B parameters (1.43B active per token) -> ~32.5 GB in bfloat16, one GPU.
 * LLaDA2 flash: 102.9B parameters (6.15B active) -> ~206 GB in bfloat16: several GPUs. Pass
-  ``tp=TensorParallel(rank, world)`` (what ``dlm_toolkit.distributed.init_from_env`` returns under
+  ``tp=TensorParallel(rank, world)`` (what ``dlm_toolkit.util.distributed.init_from_env`` returns under
   ``torchrun``) and each rank builds only its shard and reads only its slices of each tensor
   (safetensors ``get_slice``), so its peak memory is about its shard (table in benchmarks/README.md).
 
@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from dlm_toolkit.files import atomic_write_many
+from dlm_toolkit.util.files import atomic_write_many
 
 from .llada2 import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
 from .validate import (MAX_JSON_BYTES, MAX_WEIGHTS_BYTES, CheckpointError, check_headers, check_memory, check_special_ids,
@@ -206,8 +206,8 @@ def save_model(model: LLaDA2MoeModelLM, path: str | os.PathLike, max_shard_bytes
 
     The config keeps every key it was read with and adds ``mask_token_id``/``eos_token_id``.
     Every file goes to a temporary name first and all are renamed into place once complete
-    (:func:`dlm_toolkit.files.atomic_write_many`): a kill or a full disk leaves the previous
-    checkpoint as it was (a full disk raises :class:`~dlm_toolkit.files.NoSpaceError`). Stale
+    (:func:`dlm_toolkit.util.files.atomic_write_many`): a kill or a full disk leaves the previous
+    checkpoint as it was (a full disk raises :class:`~dlm_toolkit.util.files.NoSpaceError`). Stale
     weight files of the other layout in ``path`` are removed after the new ones are in place.
     """
     if max_shard_bytes is not None and max_shard_bytes <= 0:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dlm_toolkit.files import InputFileError, check_regular, parse_json, read_regular
+from dlm_toolkit.util.files import InputFileError, check_regular, parse_json, read_regular
 
 FLOAT_DTYPES = {"F16", "BF16", "F32"}
 MAX_JSON_BYTES = {"config": 1 << 20, "index": 64 << 20, "tokenizer": 256 << 20}

@@ -3,7 +3,7 @@
 * :func:`load_experiment` — read and validate an experiment YAML (``experiments/README.md``);
 * :func:`run_sweep` — run or resume a study until it holds ``n_trials`` finished trials;
 * :func:`summarize` — the Pareto front of a study (:mod:`dlm_toolkit.sweep.pareto`);
-* :func:`log_eval_run` — log one :func:`~dlm_toolkit.evaluate.evaluate` result to MLflow.
+* :func:`log_eval_run` — log one :func:`~dlm_toolkit.evaluation.evaluate.evaluate` result to MLflow.
 
 The ``dlm sweep / pareto / replay`` commands live in :mod:`dlm_toolkit.commands.sweep`.
 Names are imported lazily so that ``import dlm_toolkit.sweep`` stays cheap.

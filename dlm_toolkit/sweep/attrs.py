@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import InputFileError, parse_json
+from dlm_toolkit.util.files import InputFileError, parse_json
 
 CHUNK = 1000  # stored characters per attribute, escapes and quotes included (under 1 KB)
 MAX_SETTINGS_CHARS = 1 << 20  # an experiment file is at most 1 MiB; its settings JSON no more
@@ -107,7 +107,7 @@ def validate_settings(data: Any, where: str) -> dict[str, Any]:
     registered name and constructor arguments, ``n`` against the task. Returns the normalised
     settings. Nothing is imported and no task is built."""
     from dlm_toolkit.config import validate_model
-    from dlm_toolkit.evaluate import check_n
+    from dlm_toolkit.evaluation.evaluate import check_n
     from dlm_toolkit.sweep.experiment import Experiment
     from dlm_toolkit.tasks import TASKS
 
@@ -122,7 +122,7 @@ def validate_settings(data: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: task: unknown task {exp.task!r}; available tasks: {', '.join(sorted(TASKS))}")
     args = dict(exp.task_args)
     try:  # chat and system are options of every task (get_task takes them); the rest, the constructor's
-        from dlm_toolkit.chat import parse_chat_mode
+        from dlm_toolkit.models.chat import parse_chat_mode
 
         parse_chat_mode(args.pop("chat", "auto"), "chat")
         if not isinstance(args.pop("system", None), (str, type(None))):
@@ -142,9 +142,9 @@ def _trial_where(trial: Any, name: str) -> str:
 
 
 def trial_policy(trial: Any) -> Any:
-    """The trial's stored policy (a :class:`~dlm_toolkit.policy_config.PolicyConfig`), checked
+    """The trial's stored policy (a :class:`~dlm_toolkit.strategy.policy_config.PolicyConfig`), checked
     against its stored hash; None if it has none."""
-    from dlm_toolkit.policy_config import load_policy
+    from dlm_toolkit.strategy.policy_config import load_policy
 
     text = trial.user_attrs.get("policy")
     if text is None:
@@ -182,7 +182,7 @@ def trial_metrics(trial: Any) -> dict[str, float]:
 def trial_outcomes(trial: Any) -> str | None:
     """The trial's per-instance outcomes as :func:`~dlm_toolkit.sweep.pareto.encode_outcomes` wrote
     them (``"<n>:<hex>"``, n at most the largest evaluation), or None."""
-    from dlm_toolkit.evaluate import MAX_GENERATED_N
+    from dlm_toolkit.evaluation.evaluate import MAX_GENERATED_N
 
     text = trial.user_attrs.get("outcomes")
     if text is None:

@@ -56,8 +56,8 @@ from typing import Any, Literal, Mapping, Union
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dlm_toolkit.config import ConfigError, read_mapping_file, validate_model
-from dlm_toolkit.policy_config import PolicyConfig, load_policy
-from dlm_toolkit.registry import allow_imports, imports_allowed
+from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
+from dlm_toolkit.strategy.registry import allow_imports, imports_allowed
 from dlm_toolkit.sweep.space import (  # noqa: F401  (re-exported: the search space lives in space.py)
     MAX_GRID_POINTS,
     MAX_GRID_VALUES,
@@ -79,7 +79,7 @@ METRICS = (
     "deletes_per_token",
     "wall_time_s",
 )
-"""Metrics of :func:`dlm_toolkit.evaluate.evaluate` that can be objectives."""
+"""Metrics of :func:`dlm_toolkit.evaluation.evaluate.evaluate` that can be objectives."""
 
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
 DEFAULT_OBJECTIVES = {"accuracy": "maximize", "tpf": "maximize"}
@@ -361,7 +361,7 @@ def validate_experiment(exp: Experiment) -> None:
 def _check_task(exp: Experiment) -> None:
     from dlm_toolkit.tasks import get_task
 
-    from dlm_toolkit.evaluate import check_n
+    from dlm_toolkit.evaluation.evaluate import check_n
 
     try:
         task = get_task(exp.task, **exp.task_args)

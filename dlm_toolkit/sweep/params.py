@@ -7,7 +7,7 @@ import hashlib
 from typing import Any, Mapping
 
 from dlm_toolkit.config import ROLES
-from dlm_toolkit.policy_config import PolicyConfig, load_policy
+from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.sweep.experiment import DEFAULT_NSGA2_POPULATION, Experiment
 from dlm_toolkit.sweep.pareto import preset_label
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from dlm_toolkit.files import atomic_write, replacing, write_text
+from dlm_toolkit.util.files import atomic_write, replacing, write_text
 
 HV_REFERENCE = (0.0, 0.0)
 """Reference point (accuracy, TPF) of :func:`hypervolume_2d`."""
@@ -102,7 +102,7 @@ def tied_accuracy(a: TrialPoint, b: TrialPoint, alpha: float = 0.05) -> float | 
     """McNemar p-value of ``a`` vs ``b`` on their shared instances when it does not reject "same
     accuracy" at ``alpha`` (a statistical tie), else None. None too when either trial has no
     outcomes or they cover different instance counts."""
-    from dlm_toolkit.stats import mcnemar_exact
+    from dlm_toolkit.evaluation.stats import mcnemar_exact
 
     if not a.outcomes or not b.outcomes:
         return None
@@ -392,7 +392,7 @@ def figure(summary: ParetoSummary) -> Any:
     """The matplotlib figure of :func:`plot` (the caller closes it)."""
     import matplotlib.pyplot as plt  # matplotlib picks a headless backend by itself when there is no display
 
-    from dlm_toolkit.plots import place_labels
+    from dlm_toolkit.evaluation.plots import place_labels
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     pts = [p for p in summary.points if "accuracy" in p.metrics and "tpf" in p.metrics]
@@ -438,7 +438,7 @@ def figure(summary: ParetoSummary) -> Any:
 
 def _interval_bars(ax: Any, points: Sequence[TrialPoint], color: str) -> None:
     """Vertical 95 % Wilson intervals of the points' accuracies (points without ``n`` get none)."""
-    from dlm_toolkit.stats import wilson
+    from dlm_toolkit.evaluation.stats import wilson
 
     pts = [p for p in points if p.metrics.get("n")]
     if not pts:

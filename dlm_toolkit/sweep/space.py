@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from dlm_toolkit.config import ROLES, ConfigError, SamplingConfig, describe_range
-from dlm_toolkit.policy_config import PolicyConfig
+from dlm_toolkit.strategy.policy_config import PolicyConfig
 
 __all__ = ["CategoricalValue", "MAX_GRID_POINTS", "MAX_GRID_VALUES", "ParamSpec", "check_conditions", "check_key"]
 
@@ -153,7 +153,7 @@ MAX_GRID_POINTS = 1_000_000  # points of a whole grid (the grid sampler lists th
 
 
 def _rule_class(role: str, name: Any, where: str) -> type:
-    from dlm_toolkit.registry import REGISTRIES
+    from dlm_toolkit.strategy.registry import REGISTRIES
 
     if not isinstance(name, str):
         raise ConfigError(f"{where}: rule names are strings, got {name!r}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import InputFileError, parse_json
+from dlm_toolkit.util.files import InputFileError, parse_json
 from dlm_toolkit.sweep.attrs import read_settings, write_settings
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.registry import set_allow_imports
+from dlm_toolkit.strategy.registry import set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment, load_experiment
 from dlm_toolkit.sweep.pareto import ParetoSummary, summarize
 from dlm_toolkit.sweep.params import enqueue_presets
@@ -86,8 +86,8 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
 
     Returns ``(model, tokenizer, storage, tracker)``; ``store``: the storage, already open.
     """
-    from dlm_toolkit.evaluate import check_task_context, load_checkpoint
-    from dlm_toolkit.policy import DecodingPolicy
+    from dlm_toolkit.evaluation.evaluate import check_task_context, load_checkpoint
+    from dlm_toolkit.strategy.policy import DecodingPolicy
     from dlm_toolkit.tasks import get_task
 
     check_sqlite_folder(storage, "storage")
@@ -114,7 +114,7 @@ def place_workers(workers: int, device: str | None, devices: Sequence[str] | Non
         ConfigError: a device this machine lacks, a dtype it cannot run there, or a ``workers``
             count that contradicts ``devices``.
     """
-    from dlm_toolkit.runtime import resolve_device, resolve_dtype
+    from dlm_toolkit.util.runtime import resolve_device, resolve_dtype
 
     if devices:
         if workers not in (1, len(devices)):
@@ -160,7 +160,7 @@ def run_sweep(
             torch's choice with one worker and ``cpu_count // workers`` with several). Tiny
             models decode fastest with 1.
         device, dtype: where every worker loads the model (default: the experiment's ``device`` /
-            ``dtype``, else the CPU in float32; see :mod:`dlm_toolkit.runtime`).
+            ``dtype``, else the CPU in float32; see :mod:`dlm_toolkit.util.runtime`).
         devices: one worker per device (``["cuda:0", "cuda:1"]``); sets ``workers``. Each worker
             loads the model once, on its device.
         reconnect_s: how long every worker waits for a storage that stopped answering before it
@@ -180,7 +180,7 @@ def run_sweep(
         raise ConfigError(f"reconnect_s: must be a number of seconds in [0, 86400] (got {reconnect_s!r})")
     threads = exp.threads if threads is None else threads
     if threads is not None:
-        from dlm_toolkit.runtime import resolve_threads
+        from dlm_toolkit.util.runtime import resolve_threads
 
         resolve_threads(threads, small_model=True)  # an integer from 1 to the CPU count
     if exp.allow_import:  # the experiment opted in to package.module:Class names

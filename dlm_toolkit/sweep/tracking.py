@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.policy_config import PolicyConfig
+from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.sweep.uris import (
     check_sqlite_folder,
     creation_lock,
@@ -404,7 +404,7 @@ class TrialRun:
 
     def log_provenance(self, provenance: Mapping[str, Any]) -> None:
         """Tags ``provenance.*`` (commit, versions, device, dtype, plug-ins with their hashes) and
-        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.provenance`)."""
+        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.util.provenance`)."""
         tags = {f"provenance.{k}": str(v) for k, v in provenance.items() if k != "plugins" and v is not None}
         tags["provenance.plugins"] = " ".join(f"{p['class']}@{(p['sha256'] or '')[:12]}" for p in provenance["plugins"])
         from mlflow.entities import RunTag
@@ -426,10 +426,10 @@ class TrialRun:
         ``trajectory_html`` and linked from its description. Returns the artifact path, or None
         when the page cannot be made (the reason goes to the tag ``trajectory_html_error``: a
         trial is never failed by its picture)."""
-        from dlm_toolkit.chat import use_chat
-        from dlm_toolkit.decode import decode
-        from dlm_toolkit.evaluate import task_prompt
-        from dlm_toolkit.state import row_seed
+        from dlm_toolkit.models.chat import use_chat
+        from dlm_toolkit.step.loop import decode
+        from dlm_toolkit.evaluation.evaluate import task_prompt
+        from dlm_toolkit.step.state import row_seed
         from dlm_toolkit.viewer import fit_every, trajectory_page
 
         try:
@@ -485,7 +485,7 @@ def log_eval_run(
     run_name: str | None = None,
     provenance: Mapping[str, Any] | None = None,
 ) -> str:
-    """Log one :class:`~dlm_toolkit.evaluate.EvalResult` as a run; returns its run id.
+    """Log one :class:`~dlm_toolkit.evaluation.evaluate.EvalResult` as a run; returns its run id.
 
     Params: the policy's flat keys (+ ``task``, ``n``, ``seed``); metrics: ``result.metrics``;
     tags: ``policy_hash``, ``task``, ``checkpoint``, ``seed``, ``dlm_toolkit_version``,

@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dlm_toolkit import provenance
+from dlm_toolkit.util import provenance
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import parse_json
-from dlm_toolkit.policy_config import load_policy
+from dlm_toolkit.util.files import parse_json
+from dlm_toolkit.strategy.policy_config import load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
 from dlm_toolkit.sweep.pareto import encode_outcomes
@@ -107,7 +107,7 @@ class TrialRunner:
         self.reconnect_s = reconnect_s
         self.storage_failure: BaseException | None = None
         if model is None:
-            from dlm_toolkit.evaluate import load_checkpoint
+            from dlm_toolkit.evaluation.evaluate import load_checkpoint
 
             model, tokenizer = load_checkpoint(exp.model, device=device, dtype=dtype)
         self.model, self.tokenizer = model, tokenizer
@@ -117,7 +117,7 @@ class TrialRunner:
     def objective(self, trial: Any) -> list[float]:
         import optuna
 
-        from dlm_toolkit.evaluate import evaluate
+        from dlm_toolkit.evaluation.evaluate import evaluate
 
         self._check_surplus(trial)
         import torch

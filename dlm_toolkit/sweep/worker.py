@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.registry import imports_allowed, set_allow_imports
+from dlm_toolkit.strategy.registry import imports_allowed, set_allow_imports
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import make_pruner, make_sampler
 from dlm_toolkit.sweep.storage import open_storage, optuna_quiet, quiet_storage_threads
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
         import optuna  # noqa: F401
         import torch  # noqa: F401
 
-        import dlm_toolkit.evaluate  # noqa: F401
+        import dlm_toolkit.evaluation.evaluate  # noqa: F401
         line = argv[0] if argv else sys.stdin.readline()
         if not line.strip():
             return 0

@@ -74,19 +74,19 @@ TASKS: dict[str, type[Task]] = {
 TASKS[BigCodeBenchTask.name] = BigCodeBenchTask
 
 PROMPT_OPTIONS = ("chat", "system")
-"""Options every task takes besides its constructor's (see :mod:`dlm_toolkit.chat`)."""
+"""Options every task takes besides its constructor's (see :mod:`dlm_toolkit.models.chat`)."""
 
 
 def get_task(name: str, **kwargs: Any) -> Task:
     """Instantiate the task registered as ``name`` with constructor ``kwargs``.
 
     ``chat`` (``auto``/``true``/``false``, default ``auto``) and ``system`` (a system turn) are
-    accepted by every task: they say how its prompts are formatted (:mod:`dlm_toolkit.chat`).
+    accepted by every task: they say how its prompts are formatted (:mod:`dlm_toolkit.models.chat`).
 
     Raises:
         ValueError: for an unknown name; the message lists the available names.
     """
-    from dlm_toolkit.chat import parse_chat_mode
+    from dlm_toolkit.models.chat import parse_chat_mode
 
     try:
         cls = TASKS[name]

@@ -77,7 +77,7 @@ class Task(ABC):
     answer_alphabet: ClassVar[str] = ""
     eval_size: ClassVar[int | None] = None  # distinct eval instances; None: generated without limit
     answer_length: int
-    # Prompting (set by ``get_task(name, chat=..., system=...)``; see :mod:`dlm_toolkit.chat`):
+    # Prompting (set by ``get_task(name, chat=..., system=...)``; see :mod:`dlm_toolkit.models.chat`):
     chat: str = "auto"  # auto | true | false: format prompts with the checkpoint's chat template
     system: str | None = None  # system turn prepended in chat mode
     stop: tuple[str, ...] = ()  # text that ends a completion (and the decode of further blocks)
@@ -160,7 +160,7 @@ class Task(ABC):
         Training uses it to write plausible drafting errors: a position where the two answers
         differ holds the other answer's token, as when positions of one choice are committed
         together from per-position marginals (see ``alternative_rate`` in
-        :class:`~dlm_toolkit.training.TrainConfig`).
+        :class:`~dlm_toolkit.training.loop.TrainConfig`).
         """
         return None
 

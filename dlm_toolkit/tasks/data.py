@@ -13,7 +13,7 @@ A missing file is one line naming the task, the path looked at and the one-line 
 the file there (``README.md``, "Reproduce the paper", lists them with their licences). Files are
 read as config files are (:func:`read_data_text`: regular files only -- a FIFO, a device or a
 ``/proc`` file is refused by name, never opened for reading --, a size limit, JSON nesting at most
-:data:`~dlm_toolkit.files.MAX_JSON_DEPTH` deep) and every record is checked by its task's
+:data:`~dlm_toolkit.util.files.MAX_JSON_DEPTH` deep) and every record is checked by its task's
 :class:`RowSchema` (strict types: MBPP's ``test_imports`` is a list of strings, never a string). A
 bad record is one line naming the file, the line and the field.
 """
@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json, read_text
+from dlm_toolkit.util.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json, read_text
 
 from .base import Instance, Split, Task, _check_args
 
@@ -159,7 +159,7 @@ def read_jsonl(path: Path, schema: type[RowSchema]) -> list[Row]:
 
     Raises:
         DataError: ``PATH:LINE: ...`` for the first record that is not JSON, nests deeper than
-            :data:`~dlm_toolkit.files.MAX_JSON_DEPTH`, lacks a field or has one of the wrong type.
+            :data:`~dlm_toolkit.util.files.MAX_JSON_DEPTH`, lacks a field or has one of the wrong type.
     """
     rows = []
     for number, line in enumerate(read_data_text(path).split("\n"), start=1):

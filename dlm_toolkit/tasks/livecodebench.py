@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json
+from dlm_toolkit.util.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json
 
 from .base import Instance
 from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields

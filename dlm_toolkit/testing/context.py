@@ -7,10 +7,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.hooks import StepHook, declared_outputs
-from dlm_toolkit.shadow import ShadowHook
-from dlm_toolkit.state import row_seeds
-from dlm_toolkit.strategy import StepContext
+from dlm_toolkit.hooks.base import StepHook, declared_outputs
+from dlm_toolkit.hooks.shadow import ShadowHook
+from dlm_toolkit.step.state import row_seeds
+from dlm_toolkit.strategy.base import StepContext
 
 
 def make_context(
@@ -52,7 +52,7 @@ def make_context(
         rows: batch row ids of the context rows (default ``0..B-1``).
         batch_rows: rows in the whole decode batch (default ``max(rows) + 1``).
         seed: the rows' random streams: an int (row r gets ``row_seed(seed, r)``) or one seed per row.
-        shadow_confidence: ``(B, W)`` what the engine's shadow block would give (:mod:`dlm_toolkit.shadow`;
+        shadow_confidence: ``(B, W)`` what the engine's shadow block would give (:mod:`dlm_toolkit.hooks.shadow`;
             default unset, as in a policy without a shadow rule).
         hooks: step hooks whose declared outputs ``ctx.hooks`` holds (as a policy with them would).
         outputs: ``{name: value}`` set in ``ctx.hooks`` as the declaring hook would (checked against

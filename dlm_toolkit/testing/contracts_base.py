@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, StrategyConfig
-from dlm_toolkit.decode import decode
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.policy_config import PolicyConfig
-from dlm_toolkit.registry import REGISTRIES
-from dlm_toolkit.state import row_seed
-from dlm_toolkit.strategy import Strategy
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.strategy.policy_config import PolicyConfig
+from dlm_toolkit.strategy.registry import REGISTRIES
+from dlm_toolkit.step.state import row_seed
+from dlm_toolkit.strategy.base import Strategy
 from dlm_toolkit.testing.contracts_capture import _CaptureContract
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 

@@ -8,15 +8,15 @@ import random
 import torch
 
 from dlm_toolkit.config import RoleSpec
-from dlm_toolkit.decode import decode
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.state import row_seed
-from dlm_toolkit.strategy import BlockSchedule, Strategy
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.step.state import row_seed
+from dlm_toolkit.strategy.base import BlockSchedule, Strategy
 from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract
 
 
 class BlockScheduleContract(_StrategyContract):
-    """Contract suite for block schedules (:class:`~dlm_toolkit.strategy.BlockSchedule`).
+    """Contract suite for block schedules (:class:`~dlm_toolkit.strategy.base.BlockSchedule`).
 
     Checks, besides the config ones: ``layout`` covers the generated span (the first block holds
     the first generated position, the last one reaches ``prompt + gen_length``); end-to-end

@@ -16,10 +16,10 @@ import importlib
 import warnings
 from typing import Any
 
-from dlm_toolkit.strategy import Strategy
+from dlm_toolkit.strategy.base import Strategy
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 
-engine = importlib.import_module("dlm_toolkit.decode")  # the package exports the function under this name
+engine = importlib.import_module("dlm_toolkit.step.loop")  # the package exports the function under this name
 
 
 class _UncountedLM(ScriptedLM):

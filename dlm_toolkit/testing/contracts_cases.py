@@ -1,5 +1,5 @@
 """Random step contexts for the contract suites: a random batch of windows (:func:`random_case`),
-its :class:`~dlm_toolkit.strategy.StepContext` (:func:`build_context`) and the same case one step
+its :class:`~dlm_toolkit.strategy.base.StepContext` (:func:`build_context`) and the same case one step
 later (:func:`advance`)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from dlm_toolkit.selection import top1
-from dlm_toolkit.state import row_seed
-from dlm_toolkit.strategy import Selection, StepContext, Strategy
+from dlm_toolkit.strategy.selection import top1
+from dlm_toolkit.step.state import row_seed
+from dlm_toolkit.strategy.base import Selection, StepContext, Strategy
 from dlm_toolkit.testing.context import make_context
 
 STEPS = 3  # consecutive steps per random case (memory carries across them)
@@ -72,7 +72,7 @@ def random_case(seed: int) -> dict[str, Any]:
         step=step,
         written_step=torch.where(written, (torch.rand(b, w, generator=tg) * step[:, None]).long(), -1),
         written_conf=torch.where(written, torch.rand(b, w, generator=tg), 0.0),
-        # as the engine's shadow block gives it (dlm_toolkit.shadow): written tokens of the active block
+        # as the engine's shadow block gives it (dlm_toolkit.hooks.shadow): written tokens of the active block
         shadow_confidence=torch.where(written & in_block, torch.rand(b, w, generator=tg), 0.0),
     )
 

@@ -1,5 +1,5 @@
 """Contract suite of dynamic block schedules
-(:class:`~dlm_toolkit.blocks_dynamic.DynamicBlockSchedule`): everything a block schedule is
+(:class:`~dlm_toolkit.hooks.dynamic_blocks.DynamicBlockSchedule`): everything a block schedule is
 checked for, plus the rules a schedule that moves its own block must keep."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 import torch
 
-from dlm_toolkit.decode import decode
-from dlm_toolkit.policy import DecodingPolicy, StrategyError
-from dlm_toolkit.state import DecodeState
-from dlm_toolkit.strategy import BlockSchedule, Strategy
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.strategy.policy import DecodingPolicy, StrategyError
+from dlm_toolkit.step.state import DecodeState
+from dlm_toolkit.strategy.base import BlockSchedule, Strategy
 from dlm_toolkit.testing.contracts_blocks import BlockScheduleContract
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 

@@ -1,4 +1,4 @@
-"""Contract suite of insert/delete T2T rules (:class:`~dlm_toolkit.indel.Indel`): everything a T2T rule
+"""Contract suite of insert/delete T2T rules (:class:`~dlm_toolkit.hooks.indel.Indel`): everything a T2T rule
 is checked for, plus ``indel`` on random contexts (applied with the engine's own shift, whose
 result is checked independently), and end-to-end decodes on a tiny LLaDA2 model that pin the
 engine's side of the hook (the KV cache stays exact while blocks shift)."""
@@ -10,23 +10,23 @@ from typing import Any, ClassVar
 
 import torch
 
-from dlm_toolkit.decode import decode
-from dlm_toolkit.indel import Indel, indel_region, shift_block, written_window
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.strategy import StepContext, Strategy
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.hooks.indel import Indel, indel_region, shift_block, written_window
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.strategy.base import StepContext, Strategy
 from dlm_toolkit.testing.contracts_cases import _as_tensor, build_context, random_case
 from dlm_toolkit.testing.contracts_rules import EditRuleContract
 from dlm_toolkit.testing.models import tiny_llada2
 
 
 class IndelContract(EditRuleContract):
-    """Contract suite for T2T rules that also insert and delete positions (:class:`~dlm_toolkit.indel.Indel`).
+    """Contract suite for T2T rules that also insert and delete positions (:class:`~dlm_toolkit.hooks.indel.Indel`).
 
     Checks, besides :class:`EditRuleContract`'s, on random contexts after the step's commits and
     edits (the rule's own ``__call__``): ``indel`` returns two ``(B, W)`` bool tensors; selects
     nothing outside the valid, non-prompt slots of the active block of live rows; deletes only
     written tokens; never pushes a written token out of the block. The shift of the engine
-    (:func:`~dlm_toolkit.indel.shift_block`) is applied and its result checked: the window and the
+    (:func:`~dlm_toolkit.hooks.indel.shift_block`) is applied and its result checked: the window and the
     block keep their lengths, everything outside the block (the prompt included) is identical, and
     the block's tokens are the old ones minus the deleted ones, in order. ``indel`` is
     batch-invariant and deterministic under a seed. End to end (tiny LLaDA2 model, blocks of 4):

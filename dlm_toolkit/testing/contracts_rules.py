@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 import torch
 
 from dlm_toolkit.config import RoleSpec
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.selection import remaskable
-from dlm_toolkit.strategy import StepContext, Strategy
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.strategy.selection import remaskable
+from dlm_toolkit.strategy.base import StepContext, Strategy
 from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract, on_meta_default
 from dlm_toolkit.testing.contracts_cases import STEPS, _as_tensor, _commit_for, advance, build_context, random_case
 
@@ -125,7 +125,7 @@ class _RuleContract(_StrategyContract):
 
 
 class UnmaskRuleContract(_RuleContract):
-    """Contract suite for M2T rules (:class:`~dlm_toolkit.strategy.UnmaskRule`).
+    """Contract suite for M2T rules (:class:`~dlm_toolkit.strategy.base.UnmaskRule`).
 
     Checks, besides the shared ones: the commit lies inside ``ctx.fillable`` and holds at least
     one position in every row whose active block has a mask. End-to-end policy: this rule, T2T
@@ -147,7 +147,7 @@ class UnmaskRuleContract(_RuleContract):
 
 
 class EditRuleContract(_RuleContract):
-    """Contract suite for T2T rules (:class:`~dlm_toolkit.strategy.EditRule`).
+    """Contract suite for T2T rules (:class:`~dlm_toolkit.strategy.base.EditRule`).
 
     Checks, besides the shared ones: the edit lies inside ``ctx.editable`` (``ctx.commit`` is
     filled first, as the policy does). End-to-end policy: M2T ``threshold`` 0.5, this rule,
@@ -167,7 +167,7 @@ class EditRuleContract(_RuleContract):
 
 
 class RemaskRuleContract(_RuleContract):
-    """Contract suite for remask rules (:class:`~dlm_toolkit.strategy.RemaskRule`).
+    """Contract suite for remask rules (:class:`~dlm_toolkit.strategy.base.RemaskRule`).
 
     Checks, besides the shared ones: the remask lies inside ``remaskable(ctx)`` (written,
     non-prompt, in the active block, not edited now) in rows whose block still has masks, and leaves net progress ``commits - remasks >= 1`` per such row

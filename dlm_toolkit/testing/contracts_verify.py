@@ -1,4 +1,4 @@
-"""Contract suite of verifying M2T rules (:class:`~dlm_toolkit.verify.Verifier`): everything an M2T
+"""Contract suite of verifying M2T rules (:class:`~dlm_toolkit.hooks.verify.Verifier`): everything an M2T
 rule is checked for, plus the acceptance step on random contexts and random verify logits, and
 end-to-end decodes on a tiny LLaDA2 model that pin the engine's side of the hook (the verification
 forward is counted, and the KV cache stays exact)."""
@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from dlm_toolkit.decode import decode
-from dlm_toolkit.policy import DecodingPolicy
-from dlm_toolkit.strategy import StepContext, Strategy
+from dlm_toolkit.step.loop import decode
+from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.strategy.base import StepContext, Strategy
 from dlm_toolkit.testing.contracts_cases import _as_tensor, build_context, random_case
 from dlm_toolkit.testing.contracts_rules import UnmaskRuleContract
 from dlm_toolkit.testing.models import tiny_llada2
-from dlm_toolkit.verify import Verifier
+from dlm_toolkit.hooks.verify import Verifier
 
 
 def verify_case(ctx: StepContext, draft: torch.Tensor, kind: str, seed: int) -> torch.Tensor:

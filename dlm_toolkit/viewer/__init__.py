@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import html as _html
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.files import write_text
-from dlm_toolkit.trajectory import Trajectory
+from dlm_toolkit.util.files import write_text
 from dlm_toolkit.viewer.page import render
 from dlm_toolkit.viewer.replay import KINDS, row_frames
+
+if TYPE_CHECKING:  # the step's trajectory shows itself with this viewer: no import back at run time
+    from dlm_toolkit.step.trajectory import Trajectory
 
 MAX_CELLS = 2_000_000  # canvas positions x frames over the rows shown: a 512-position canvas for ~3,900 forwards
 NOT_RECORDED = "this decode was not recorded: pass record=True to decode() (dlm decode --html records by itself)"
@@ -38,10 +40,12 @@ class ViewerError(ConfigError):
 
 
 def trajectory_of(result: Any) -> Trajectory:
-    """The trajectory of a :class:`~dlm_toolkit.state.DecodeResult` (or a trajectory itself)."""
-    traj = result if isinstance(result, Trajectory) else getattr(result, "trajectory", None)
+    """The trajectory of a :class:`~dlm_toolkit.step.state.DecodeResult` (or a trajectory itself)."""
+    traj = getattr(result, "trajectory", result)  # a DecodeResult holds one; a Trajectory is one
     if traj is None:
         raise ViewerError(NOT_RECORDED)
+    if not hasattr(traj, "canvases"):
+        raise ViewerError(f"expected a DecodeResult or a Trajectory, got {type(result).__name__}")
     if not traj.canvases:
         raise ViewerError("the trajectory holds no recorded forward (or was recorded before prompts were kept): "
                           "decode again with record=True")

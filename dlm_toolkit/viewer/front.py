@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from dlm_toolkit.files import write_text
+from dlm_toolkit.util.files import write_text
 
 TRACES = ("front", "dominated", "presets")  # trace names, in drawing order
 
@@ -34,7 +34,7 @@ def front_figure(summary: Any, runs: Mapping[int, str] | None = None) -> Any:
     point's ``customdata`` is ``[trial, run link or ""]``."""
     import plotly.graph_objects as go
 
-    from dlm_toolkit.stats import wilson
+    from dlm_toolkit.evaluation.stats import wilson
 
     runs = runs or {}
     on_front = {p.trial for p in summary.front}

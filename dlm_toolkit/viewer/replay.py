@@ -10,8 +10,10 @@ what last happened to it (:data:`KINDS`) with the confidence of that event and t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from dlm_toolkit.trajectory import StepRecord, Trajectory
+if TYPE_CHECKING:  # the viewer reads recorded trajectories; the step names the viewer for Jupyter's display
+    from dlm_toolkit.step.trajectory import StepRecord, Trajectory
 
 # What last happened to a position; the index is what the page's JSON carries.
 KINDS = ("prompt", "masked", "commit", "edit", "remask", "insert", "delete")
@@ -89,7 +91,7 @@ def apply_step(cells: list[Cell], s: StepRecord, mask_token_id: int) -> None:
 
 def _shift(cells: list[Cell], lo: int, hi: int, insert: set[int], delete: set[int], mask_token_id: int) -> None:
     """Move the cells of ``[lo, hi)`` as an insert/delete edit moves their tokens
-    (:func:`dlm_toolkit.indel.shift_block`): a mask enters before each inserted position, each
+    (:func:`dlm_toolkit.hooks.indel.shift_block`): a mask enters before each inserted position, each
     deleted position leaves (the token that closes the gap is marked ``delete``), the block's
     tail fills with masks."""
     size = hi - lo

@@ -3,7 +3,7 @@
     python experiments/train/evaluate_card.py checkpoints/testbed-editable [--n 200] [--tasks add sort sudoku]
 
 For each preset (llada2.1-q, llada2.1-s, llada2.1-s with ``t2t.name=none``, llada2.0) and task it
-runs ``dlm_toolkit.evaluate.evaluate`` on ``n`` held-out instances (``--seed``, default 0) and records accuracy,
+runs ``dlm_toolkit.evaluation.evaluate.evaluate`` on ``n`` held-out instances (``--seed``, default 0) and records accuracy,
 TPF (generated tokens up to and including the first EOS, per forward), mean NFE and edits per
 token. Prints the markdown table that goes into the model card; with ``--card`` it also writes the
 table and the derived target lines (editing gain, S/Q TPF ratio) into CHECKPOINT/README.md, between
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from dlm_toolkit.evaluate import evaluate, load_checkpoint
-from dlm_toolkit.policy import DecodingPolicy
+from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
+from dlm_toolkit.strategy.policy import DecodingPolicy
 
 PRESETS = {
     "llada2.1-q": ("llada2.1-q", {}),

@@ -5,7 +5,7 @@
 Halves the file size; the shipped v2 testbeds are made this way (their cards are measured on the
 bfloat16 files, which load in float32 on the CPU by default). Tokenizer files, ``training.json``
 and ``loss_curve.png`` are copied as they are. Every file is written under a temporary name and
-renamed into place (dlm_toolkit.files), so a kill or a full disk leaves ``dest`` as it was.
+renamed into place (dlm_toolkit.util.files), so a kill or a full disk leaves ``dest`` as it was.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dlm_toolkit.files import atomic_write_many
+from dlm_toolkit.util.files import atomic_write_many
 from dlm_toolkit.models.checkpoint import load_model, save_model
 from dlm_toolkit.models.llada2 import LLaDA2MoeModelLM
 

@@ -12,7 +12,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.selection import at_least_one
+from dlm_toolkit.strategy.selection import at_least_one
 
 
 @M2T.register("confidence_ratio")

@@ -1,0 +1,1 @@
+"""Evaluation: evaluate/generate over tasks, conformance, statistics and plots."""

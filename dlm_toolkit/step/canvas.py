@@ -1,0 +1,114 @@
+"""Every write of the canvas during a decode: ``state.canvas``, its provenance (``written_step``,
+``written_conf``) and the counters that follow a write (the step counters, ``block_masked``).
+
+The decode loop writes a step through :func:`write_step`; a verification reads the window as
+drafted through :func:`drafted_canvas` (a copy, the decode state is untouched); an insert/delete
+edit puts its shifted window back through :func:`write_shift`. A hook that changes the canvas
+does it here too, so there is one place that knows how window slots map onto canvas positions.
+
+Window slots and canvas positions: a step's window ``ctx.positions`` (B, W) may start before
+position 0 or hold padding; :func:`window_slots` clamps every slot onto a canvas position and
+names, for each slot, the slot of the window that holds that position. Every write there carries
+that slot's value, so repeated indices (padding clamped onto a real position) always write the
+same value and no host read is needed to find the real slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlm_toolkit.step.state import COUNTERS, DecodeState
+from dlm_toolkit.strategy.base import StepContext
+
+INSERTS, DELETES = COUNTERS.index("inserts"), COUNTERS.index("deletes")
+
+
+def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(at_pos, same)``: the canvas position each window slot writes (padding clamps onto real
+    positions) and the window slot holding that position, whose value every write there carries."""
+    at_pos = ctx.positions.clamp(0, length - 1)
+    return at_pos, (at_pos - ctx.positions[:, :1]).clamp(0, ctx.positions.shape[1] - 1)
+
+
+def written_window(ctx: StepContext) -> torch.Tensor:
+    """(B, W) long: the window's tokens as this step's write leaves them (commits and edits written,
+    remasks applied; :func:`write_step` stores exactly this); ``ctx.tokens`` are the tokens before the step."""
+    assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
+    wrote = torch.where(ctx.commit | ctx.edit, ctx.sampled, ctx.tokens)
+    return wrote.masked_fill(ctx.remask, ctx.mask_token_id)
+
+
+def window_values(state: DecodeState, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens, written_step, written_conf)``, each (B, W): the canvas and its provenance at the
+    window's slots as they are now (padding slots read the position they clamp onto)."""
+    at_pos, _ = window_slots(ctx, state.canvas.shape[1])
+    at = (ctx.rows[:, None], at_pos)
+    return state.canvas[at], state.written_step[at], state.written_conf[at]
+
+
+def write_window(state: DecodeState, ctx: StepContext, tokens: torch.Tensor, written_step: torch.Tensor,
+                 written_conf: torch.Tensor) -> None:
+    """Write the whole window of ``ctx``: tokens and provenance, each (B, W) (module docstring:
+    padding slots carry the value of the slot of the position they clamp onto)."""
+    at_pos, same = window_slots(ctx, state.canvas.shape[1])
+    at = (ctx.rows[:, None], at_pos)
+    state.canvas[at] = tokens.gather(1, same)
+    state.written_step[at] = written_step.gather(1, same)
+    state.written_conf[at] = written_conf.gather(1, same)
+
+
+def write_step(state: DecodeState, ctx: StepContext) -> None:
+    """Write commits, edits and remasks of one step at once, and count them (live rows only).
+
+    The whole window is written back (unselected positions with their old values), so no host
+    sync is needed to find the selected ones (module docstring).
+    """
+    assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
+    rows, live = ctx.rows, ctx.live
+    wrote = ctx.commit | ctx.edit
+    step = state.nfe[rows, None]
+    write_window(state, ctx, written_window(ctx),
+                 torch.where(ctx.remask, -1, torch.where(wrote, step, ctx.written_step)),
+                 torch.where(ctx.remask, 0.0, torch.where(wrote, ctx.confidence, ctx.written_conf)))
+    n_commit = ctx.commit.sum(1)
+    step_counts = torch.stack(  # one row per context row, columns as COUNTERS
+        [
+            torch.ones_like(n_commit),
+            n_commit,
+            ctx.edit.sum(1),
+            ctx.remask.sum(1),
+            (n_commit >= 2).long(),
+            ctx.post.long(),
+            (ctx.post & ctx.edit.any(1)).long(),
+            (ctx.block_step == 0).long(),
+            torch.zeros_like(n_commit),  # forward_tokens: counted by the forwards
+            torch.zeros_like(n_commit),  # inserts, deletes: counted by write_shift
+            torch.zeros_like(n_commit),
+        ],
+        dim=1,
+    ) * live[:, None]
+    state.counts.index_add_(0, rows, step_counts)
+    state.block_masked[rows] -= step_counts[:, 1] - step_counts[:, 3]  # commits and remasks stay in the block
+    state.block_step[rows] += live.long()
+
+
+def write_shift(state: DecodeState, ctx: StepContext, region: torch.Tensor, before: torch.Tensor,
+                tokens: torch.Tensor, written_step: torch.Tensor, written_conf: torch.Tensor,
+                inserts: torch.Tensor, deletes: torch.Tensor) -> None:
+    """Write an insert/delete shift of the window (:func:`dlm_toolkit.hooks.indel.shift_block`'s output:
+    ``tokens``, ``written_step``, ``written_conf``, each (B, W)), count the applied ``inserts`` /
+    ``deletes`` ((B, W) bool) and move ``block_masked`` by the masks the shift added to the
+    ``region`` (``before``: the window's tokens before the shift)."""
+    write_window(state, ctx, tokens, written_step, written_conf)
+    state.counts[:, INSERTS:DELETES + 1].index_add_(0, ctx.rows, torch.stack([inserts.sum(1), deletes.sum(1)], 1))
+    mask = state.mask_token_id
+    state.block_masked[ctx.rows] += (region & (tokens == mask)).sum(1) - (region & (before == mask)).sum(1)
+
+
+def drafted_canvas(canvas: torch.Tensor, ctx: StepContext, draft: torch.Tensor) -> torch.Tensor:
+    """A copy of ``canvas`` with the window written as ``draft`` (padding slots clamp onto real
+    positions and carry the value of the slot of that position, as :func:`write_window` does)."""
+    at_pos, same = window_slots(ctx, canvas.shape[1])
+    out = canvas.clone()
+    out[ctx.rows[:, None], at_pos] = draft.gather(1, same)
+    return out

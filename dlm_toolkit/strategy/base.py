@@ -1,0 +1,605 @@
+"""The strategy authoring API: the four role base classes and the :class:`StepContext`.
+
+A strategy is a small class with a nested pydantic ``Config`` and a ``__call__(ctx)`` that
+returns a boolean ``(B, W)`` selection over the window (or a :class:`Selection` carrying
+memory to the next step). Strategy objects hold only their config: everything that changes
+during a decode lives in :class:`~dlm_toolkit.step.state.DecodeState` / :class:`StepContext`, so one
+policy object can serve many concurrent decodes.
+
+Per forward, the :class:`~dlm_toolkit.strategy.policy.DecodingPolicy` calls, in order:
+``m2t(ctx)`` → ``ctx.commit``; ``t2t(ctx)`` → ``ctx.edit``; ``remask(ctx)`` → ``ctx.remask``;
+then writes all three at once and lets the block schedule react. An M2T rule that also subclasses
+:class:`~dlm_toolkit.hooks.verify.Verifier` gets one more forward over its draft before the write
+(a verification forward) and decides from it which drafted writes to keep. A T2T rule that also
+subclasses :class:`~dlm_toolkit.hooks.indel.Indel` may insert masks into, and delete tokens from, the
+active block after the write (the block's content shifts). A rule that subclasses
+:class:`~dlm_toolkit.hooks.shadow.Shadow` gets ``ctx.shadow_confidence`` (WINO's shadow block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
+from dlm_toolkit.step.flags import StrategyError
+from dlm_toolkit.step.state import DecodeState
+
+
+class cached_property:  # noqa: N801 - functools.cached_property without its lock (Python < 3.12)
+    """A value computed on first access and kept in the instance. ``functools.cached_property``
+    takes a lock on Python < 3.12, a context manager ``torch.compile`` cannot trace, so rules
+    reading ``ctx.fillable`` or ``ctx.probs`` could not be captured."""
+
+    def __init__(self, fn: Any):
+        self.fn, self.__doc__ = fn, fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
+DIMS = {"B": "rows of the step", "W": "window slots", "V": "vocabulary"}
+SCALARS = (float, int, bool)  # the dtypes of a shape-() output: a Python number (a constant of a captured rule)
+
+
+@dataclass(frozen=True)
+class Output:
+    """The declaration of one step-hook output (:attr:`dlm_toolkit.hooks.base.StepHook.outputs`).
+
+    ``shape``: dimensions over the step, each ``"B"`` (rows), ``"W"`` (window slots) or ``"V"``
+    (vocabulary); ``()`` for a Python number. ``dtype``: a ``torch.dtype``; ``"logits"`` for the dtype
+    of the step's logits (the model's); ``float``, ``int`` or ``bool`` for a shape-``()`` number.
+    """
+
+    shape: tuple[str, ...]
+    dtype: torch.dtype | type | str
+    doc: str = ""
+
+    def problem(self) -> str | None:
+        """Why this declaration is malformed (None if it is fine)."""
+        if not isinstance(self.shape, tuple) or any(d not in DIMS for d in self.shape):
+            return f"shape must be a tuple of {', '.join(map(repr, DIMS))} (got {self.shape!r})"
+        if self.shape == ():
+            return None if self.dtype in SCALARS else f"a shape-() output's dtype must be float, int or bool (got {self.dtype!r})"
+        if not (isinstance(self.dtype, torch.dtype) or self.dtype == "logits"):
+            return f"dtype must be a torch.dtype or 'logits' (got {self.dtype!r})"
+        return None
+
+    def describe(self, window: tuple[int, ...], vocab: int, logits_dtype: torch.dtype | None) -> str:
+        """The expected value in words, with the step's sizes (e.g. ``a (2, 8) torch.bool tensor (B, W)``)."""
+        if self.shape == ():
+            return f"a Python {self.dtype.__name__}"  # type: ignore[union-attr]
+        sizes = {"B": window[0], "W": window[1], "V": vocab}
+        dtype = logits_dtype if self.dtype == "logits" else self.dtype
+        return f"a {tuple(sizes[d] for d in self.shape)} {dtype} tensor ({', '.join(self.shape)})"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An output as a policy declares it: the declaration and the hook that declares it."""
+
+    output: Output
+    hook: str
+
+
+class HookOutputs:
+    """The step hooks' outputs of one step (``ctx.hooks``): one attribute per output a hook of the
+    policy declares; None until a hook sets it this step.
+
+    A hook sets its outputs as attributes (``ctx.hooks.verified = rows``) or with :meth:`set`. Each
+    write is checked against the declaration on metadata only (no host read): an undeclared name,
+    another hook's output, a wrong shape or dtype is a :class:`StrategyError` naming the hook, the
+    output, what was declared and what came. Reading a name no hook declares is an error naming the
+    declared ones (a typo in a rule is not a silent None).
+    """
+
+    __slots__ = ("_declared", "_values", "_window", "_vocab", "_logits_dtype", "writer")
+
+    def __init__(self, declared: Mapping[str, Declared] | None = None, window: tuple[int, ...] = (0, 0),
+                 vocab: int = 0, logits_dtype: torch.dtype | None = None):
+        object.__setattr__(self, "_declared", dict(declared or {}))
+        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_window", tuple(window))
+        object.__setattr__(self, "_vocab", int(vocab))
+        object.__setattr__(self, "_logits_dtype", logits_dtype)
+        object.__setattr__(self, "writer", None)  # the hook whose stage runs now (dlm_toolkit.hooks.base.HookStages)
+
+    @property
+    def declared(self) -> Mapping[str, Declared]:
+        """Every output the policy's hooks declare, by name."""
+        return self._declared
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.read(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "writer":
+            object.__setattr__(self, name, value)
+            return
+        self.set(self.writer, name, value)
+
+    def read(self, name: str) -> Any:
+        """The output ``name`` this step (None while unset); :class:`StrategyError` if no hook declares it."""
+        if name in self._values:
+            return self._values[name]
+        if name in self._declared:
+            return None
+        have = ", ".join(f"{n} ({d.hook})" for n, d in self._declared.items()) or "none"
+        raise StrategyError(f"ctx.hooks.{name}: no step hook of this policy declares an output '{name}' "
+                            f"(declared outputs: {have})")
+
+    def get(self, name: str) -> Any:
+        """The output ``name`` if set this step, else None (also where nothing declares it)."""
+        return self._values.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """The outputs set so far this step, in the order they were set."""
+        return tuple(self._values)
+
+    def set(self, hook: Any, name: str, value: Any) -> None:
+        """Set output ``name`` as ``hook`` (a :class:`~dlm_toolkit.hooks.base.StepHook` or its name; None:
+        whichever hook declares it), checked against the declaration (class docstring)."""
+        declared = self._declared.get(name)
+        who = hook if isinstance(hook, str) else hook_label(hook) if hook is not None else declared.hook if declared else None
+        label = who if who is not None else "a step hook"
+        if declared is None:
+            own = [n for n, d in self._declared.items() if d.hook == who]
+            raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output it does not declare (its declared "
+                                f"outputs: {', '.join(own) or 'none'}; declare it in the hook's `outputs`)")
+        if who != declared.hook:
+            raise StrategyError(f"{label}: sets ctx.hooks.{name}, an output of {declared.hook}")
+        out = declared.output
+        if not self._fits(out, value):
+            raise StrategyError(f"{label}: output '{name}' must be "
+                                f"{out.describe(self._window, self._vocab, self._logits_dtype)}, got {_describe(value)}")
+        self._values[name] = value
+
+    def _fits(self, out: Output, value: Any) -> bool:
+        if out.shape == ():
+            # bool is an int in Python: a declared int refuses True, a declared float accepts an int
+            return type(value) is out.dtype or (out.dtype is float and type(value) is int)
+        if not isinstance(value, torch.Tensor):
+            return False
+        sizes = {"B": self._window[0], "W": self._window[1], "V": self._vocab}
+        dtype = self._logits_dtype if out.dtype == "logits" else out.dtype
+        return value.dtype == dtype and tuple(value.shape) == tuple(sizes[d] for d in out.shape)
+
+    def _load(self, values: Mapping[str, Any]) -> None:
+        """Set outputs already checked (a captured rule's context is rebuilt from them)."""
+        self._values.update(values)
+
+
+def hook_label(hook: Any) -> str:
+    """How messages name a step hook: its ``name``, else (the default ``"hook"``) its class."""
+    name = getattr(hook, "name", "hook")
+    return name if name != "hook" else f"step hook '{type(hook).__qualname__}'"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {tuple(value.shape)} {value.dtype} tensor"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A rule's output when it wants memory: ``select`` ``(B, W)`` bool, ``memory`` anything.
+
+    ``memory`` is stored in the decode state and handed back as ``ctx.memory[role]`` on the
+    next forward (of the same decode).
+    """
+
+    select: torch.Tensor
+    memory: Any = None
+
+
+@dataclass
+class StepContext:
+    """Everything a rule may look at for one forward, built by :meth:`build` (the engine and
+    :func:`dlm_toolkit.testing.make_context` both go through it).
+
+    Tensors cover every row of the decode batch (``live`` says which forward now) and a window of
+    ``W`` positions, ``W`` fixed by the block schedule (:meth:`BlockSchedule.window_width`), all on
+    the model's device. Windows with fewer real positions are left-padded (``valid`` False), so
+    every step of a decode has the same shapes.
+
+    ======================  =========  =======  =================================================
+    field                   shape      dtype    meaning
+    ======================  =========  =======  =================================================
+    ``rows``                (B,)       long     batch row of each context row
+    ``positions``           (B, W)     long     absolute canvas positions (padding: earlier ones)
+    ``tokens``              (B, W)     long     tokens before this step
+    ``valid``               (B, W)     bool     a real window position (False for padding)
+    ``masked``              (B, W)     bool     valid and holds the mask token
+    ``is_prompt``           (B, W)     bool     a prompt position (never written)
+    ``in_block``            (B, W)     bool     inside the active block
+    ``fillable``            (B, W)     bool     masked & in_block: where M2T may commit
+    ``editable``            (B, W)     bool     valid, written, non-prompt, in the schedule's
+                                                edit window: where T2T may edit
+    ``sampled``             (B, W)     long     token drawn from this forward (never the mask id)
+    ``confidence``          (B, W)     float32  probability of ``sampled`` (softmax over the
+                                                whole vocabulary, mask token included)
+    ``logits``              (B, W, V)  float    raw logits of this forward (model dtype)
+    ``probs``               (B, W, V)  float32  their softmax (computed once, shared)
+    ``token_confidence``    (B, W)     float32  probability now of the token already there
+    ``written_step``        (B, W)     long     row step that wrote the token; -1: never
+                                                written (prompt, masked, remasked)
+    ``written_conf``        (B, W)     float32  confidence it was written with; 0.0 if never
+    ``step``                (B,)       long     forwards this row had before this one
+    ``block``               (B,)       long     active block index
+    ``block_step``          (B,)       long     forwards in the active block before this one
+    ``block_masked_start``  (B,)       long     masked positions of the active block when it
+                                                began
+    ``post``                (B,)       bool     the active block had no mask at step start
+    ``live``                (B,)       bool     the row forwards now (rows that do not, e.g.
+                                                finished ones, ride along with every position
+                                                invalid; nothing is written for them)
+    ``seeds``               (B,)       long     each row's random key: draw with :meth:`rand`,
+                                                never from a global generator
+    ``memory``              --         --       ``{role: value}`` returned by rules last step
+    ``batch_rows``          int        --       rows in the whole decode batch (N >= B)
+    ``hooks``               --         --       the step hooks' outputs (:class:`HookOutputs`)
+    ======================  =========  =======  =================================================
+
+    Selections decided earlier in the same step are filled in as the policy goes:
+    ``commit`` before ``t2t`` runs, ``edit`` before ``remask`` runs.
+
+    What the policy's step hooks (:mod:`dlm_toolkit.hooks`) add lives in one typed namespace,
+    ``ctx.hooks``: each hook declares its outputs (:attr:`~dlm_toolkit.hooks.base.StepHook.outputs`) and
+    sets only those, with the declared shape and dtype; a rule reads ``ctx.hooks.<name>`` (None while
+    no hook set it this step; a name no hook of the policy declares is an error). The built-in ones:
+
+    =====================  =========  =======  ====================================================
+    output                 shape      dtype    set by (stage) / meaning
+    =====================  =========  =======  ====================================================
+    ``shadow_confidence``  (B, W)     float32  shadow block (after the forward): probability of each
+                                               written token of the active block with itself
+                                               hidden, 0 elsewhere (:mod:`dlm_toolkit.hooks.shadow`)
+    ``verified``           (B,)       bool     verification (after the rules): rows that ran a
+                                               verification forward (:mod:`dlm_toolkit.hooks.verify`)
+    ``draft``              (B, W)     long     verification: the window as drafted
+    ``verify_logits``      (B, W, V)  logits   verification: the verification forward's logits
+    ``temperature``        ()         float    verification: the policy's sampling temperature
+    ``insert``             (B, W)     bool     insert/delete (after the write): slots a mask was
+                                               inserted before (:mod:`dlm_toolkit.hooks.indel`)
+    ``delete``             (B, W)     bool     insert/delete: slots whose token was deleted
+    =====================  =========  =======  ====================================================
+
+    ``ctx.shadow_confidence``, ``ctx.verified``, ``ctx.insert`` and ``ctx.delete`` read the same
+    outputs (read-only; None where the policy has no hook declaring them).
+    """
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    masked: torch.Tensor
+    is_prompt: torch.Tensor
+    in_block: torch.Tensor
+    editable: torch.Tensor
+    sampled: torch.Tensor
+    confidence: torch.Tensor
+    logits: torch.Tensor
+    written_step: torch.Tensor
+    written_conf: torch.Tensor
+    step: torch.Tensor
+    block: torch.Tensor
+    block_step: torch.Tensor
+    block_masked_start: torch.Tensor
+    post: torch.Tensor
+    live: torch.Tensor
+    seeds: torch.Tensor
+    memory: Mapping[str, Any]
+    mask_token_id: int
+    eos_token_id: int
+    batch_rows: int
+    commit: torch.Tensor | None = None
+    edit: torch.Tensor | None = None
+    remask: torch.Tensor | None = None
+    hooks: HookOutputs = field(default_factory=lambda: HookOutputs())
+    draws: int = 0  # rand() calls so far this step: the draw index of the next one
+    # (hook, selection name, the selection before): each replacement of commit/edit/remask by a step
+    # hook this step, in order (dlm_toolkit.hooks.base.HookStages records them; see selected_by)
+    replaced: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
+
+    def selected_by(self, selection: str, row: int, slot: int) -> str | None:
+        """The step hook that put window slot ``slot`` of context row ``row`` into ``selection``
+        (``"commit"``, ``"edit"``, ``"remask"``), or None if the rule selected it. A host read: for
+        error messages only."""
+        after = getattr(self, selection)
+        for who, name, before in reversed(self.replaced):
+            if name != selection:
+                continue
+            if bool(after[row, slot]) and not bool(before[row, slot]):
+                return who
+            after = before
+        return None
+
+    @property
+    def verified(self) -> torch.Tensor | None:
+        """``ctx.hooks.verified`` (None without a verifying rule)."""
+        return self.hooks.get("verified")
+
+    @property
+    def insert(self) -> torch.Tensor | None:
+        """``ctx.hooks.insert`` (None without an insert/delete rule)."""
+        return self.hooks.get("insert")
+
+    @property
+    def delete(self) -> torch.Tensor | None:
+        """``ctx.hooks.delete`` (None without an insert/delete rule)."""
+        return self.hooks.get("delete")
+
+    @property
+    def shadow_confidence(self) -> torch.Tensor | None:
+        """``ctx.hooks.shadow_confidence`` (None without a rule reading the shadow block)."""
+        return self.hooks.get("shadow_confidence")
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        tokens: torch.Tensor,
+        prompt_len: torch.Tensor,
+        block_lo: torch.Tensor,
+        block_hi: torch.Tensor,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        written_step: torch.Tensor,
+        written_conf: torch.Tensor,
+        step: torch.Tensor,
+        block: torch.Tensor,
+        block_step: torch.Tensor,
+        block_masked_start: torch.Tensor,
+        seeds: torch.Tensor,
+        memory: Mapping[str, Any],
+        mask_token_id: int,
+        eos_token_id: int,
+        batch_rows: int,
+        live: torch.Tensor | None = None,
+        outputs: Mapping[str, Declared] | None = None,
+    ) -> StepContext:
+        """The context of one forward from the canvas window and the logits: derives the masks,
+        draws ``sampled``/``confidence`` (:func:`dlm_toolkit.step.sampling.sample`, keyed by each row's
+        seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
+        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
+        (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
+        ``outputs``: the hook outputs the policy declares (:func:`dlm_toolkit.hooks.base.declared_outputs`; none
+        by default). Reads nothing back to the host."""
+        from dlm_toolkit.step.sampling import sample
+
+        live = torch.ones_like(rows, dtype=torch.bool) if live is None else live
+        masked = (tokens == mask_token_id) & valid
+        is_prompt = positions < prompt_len[:, None]
+        in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
+        fillable = masked & in_block
+        ctx = cls(
+            rows=rows, positions=positions, tokens=tokens, valid=valid, masked=masked, is_prompt=is_prompt,
+            # valid ^ masked == valid & ~masked (masked lies inside valid): one op fewer per step
+            in_block=in_block, editable=(valid ^ masked) & ~is_prompt, sampled=tokens, confidence=written_conf,
+            logits=logits, written_step=written_step, written_conf=written_conf, step=step, block=block,
+            block_step=block_step, block_masked_start=block_masked_start,
+            post=live & ~fillable.any(1), live=live, seeds=seeds,
+            memory=memory, mask_token_id=mask_token_id, eos_token_id=eos_token_id, batch_rows=batch_rows,
+            hooks=HookOutputs(outputs or {}, tokens.shape, logits.shape[-1], logits.dtype),
+        )
+        sampled, confidence, probs = sample(logits, sampling, mask_token_id, ctx.rand)
+        ctx.sampled, ctx.confidence = sampled, confidence
+        # cached properties computed here already: the sampler's softmax, and the fillable mask
+        ctx.__dict__["probs"] = probs
+        ctx.__dict__["fillable"] = fillable
+        return ctx
+
+    def rand(self, *trailing: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``(B, W, *trailing)`` uniform numbers in [0, 1) (padding and rows not forwarded get 1.0).
+
+        Counter-based (:mod:`dlm_toolkit.step.rng`): the number at a position is a hash of the row's
+        seed, its step, the absolute position, this call's index within the step and the trailing
+        index. A row therefore draws the same numbers whatever batch it is in and however wide the
+        window is (a batch decodes row for row as each prompt alone, at any temperature and with
+        random rules), with no loop over rows and nothing read back to the host.
+        """
+        from dlm_toolkit.step import rng
+
+        base = rng.key(self.seeds, self.step, self.positions, self.draws)
+        self.draws += 1
+        u = rng.uniform(base, trailing, dtype)
+        return u.masked_fill(~self.valid.view(*self.valid.shape, *[1] * len(trailing)), 1.0)
+
+    @property
+    def n_valid(self) -> list[int]:
+        """Real window positions per row, as host ints (a host sync: not for the per-step path)."""
+        return self.valid.sum(1).tolist()
+
+    @cached_property
+    def probs(self) -> torch.Tensor:
+        """(B, W, V) float32 softmax of the raw logits (mask token included)."""
+        return torch.softmax(self.logits.float(), dim=-1)
+
+    @cached_property
+    def token_confidence(self) -> torch.Tensor:
+        """(B, W) probability the model now gives the token already in each position."""
+        return self.probs.gather(-1, self.tokens.unsqueeze(-1)).squeeze(-1)
+
+    @cached_property
+    def fillable(self) -> torch.Tensor:
+        """(B, W) positions M2T may commit: masked and inside the active block."""
+        return self.masked & self.in_block
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+
+class Strategy:
+    """Base of all strategies: holds a validated ``Config`` and nothing else."""
+
+    role: ClassVar[str]
+    Config: ClassVar[type[StrategyConfig]] = StrategyConfig
+    registered_name: ClassVar[str]
+
+    def __init__(self, config: StrategyConfig | Mapping[str, Any] | None = None, **params: Any):
+        if isinstance(config, StrategyConfig):
+            if params:
+                config = config.model_copy(update=params)
+            self.config = validate_model(self.Config, config.model_dump())
+        else:
+            merged = {**(config or {}), **params}
+            self.config = validate_model(self.Config, merged, f"{self.role}.params")
+
+    @property
+    def name(self) -> str:
+        # only the class's own registration counts: a subclass is not its registered parent
+        own = type(self).__dict__.get("registered_name")
+        return own or f"{type(self).__module__}:{type(self).__qualname__}"
+
+    def spec(self) -> RoleSpec:
+        return RoleSpec(name=self.name, params=self.config.model_dump(mode="json"))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config.model_dump().items())
+        return f"{type(self).__name__}({args})"
+
+
+class UnmaskRule(Strategy):
+    """M2T: which masked positions of the active block to commit this step.
+
+    Contract: the selection lies inside ``ctx.fillable`` and holds at least one position in
+    every row whose active block still has a masked position (so every step makes progress).
+    """
+
+    role = "m2t"
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor | Selection:
+        raise NotImplementedError
+
+
+class EditRule(Strategy):
+    """T2T: which written positions to overwrite with ``ctx.sampled`` this step.
+
+    Contract: the selection lies inside ``ctx.editable``. Positions committed by M2T in this
+    same step are not editable (they become so from the next step).
+    """
+
+    role = "t2t"
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor | Selection:
+        raise NotImplementedError
+
+
+class RemaskRule(Strategy):
+    """Remask: which written positions to turn back into the mask token this step.
+
+    Contract: the selection lies inside ``ctx.editable & ctx.in_block & ~ctx.edit``; it is only applied while
+    the active block still had masks at the start of the step, and must leave net progress:
+    per row, ``commit.sum() - remask.sum() >= 1``. This keeps NFE bounded.
+    """
+
+    role = "remask"
+
+    def __call__(self, ctx: StepContext) -> torch.Tensor | Selection:
+        raise NotImplementedError
+
+
+class BlockSchedule(Strategy):
+    """Which window each row forwards next, what it attends to, and when a block (or a row) is
+    finished.
+
+    Block schedules are the one role that updates :class:`DecodeState` (its ``block``,
+    ``post``, ``done`` fields); they keep nothing on ``self``. Lifecycle per decode: ``layout``
+    once, then per forward ``prepare`` → ``window`` → ``attention_groups`` / ``cache_boundary``
+    → (forward, rules, write) → ``finish_step``. The engine only applies what the schedule says:
+    the attention pattern and which positions enter the KV cache are the schedule's to declare.
+    A schedule that chooses its block's start and length from what the decode has seen subclasses
+    :class:`~dlm_toolkit.hooks.dynamic_blocks.DynamicBlockSchedule` (bounds as per-row data).
+
+    Methods that get ``state`` work on its device tensors and must not read them on the host
+    (no ``.item()``, ``.tolist()``, ``if tensor.any()``, boolean indexing): on a GPU each such read
+    stalls the decode. Update per-row fields with masked writes (``torch.where``).
+    """
+
+    role = "blocks"
+
+    @property
+    def block_length(self) -> int:
+        return int(self.config.block_length)  # type: ignore[attr-defined]
+
+    def layout(self, prompt_len: torch.Tensor, gen_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row (CPU tensors in, CPU tensors out): block origin (absolute position of block 0),
+        first block, number of blocks."""
+        raise NotImplementedError
+
+    def prepare(self, state: DecodeState) -> torch.Tensor:
+        """Finish blocks that need no forward; return ``(N,)`` bool: the rows that forward now."""
+        raise NotImplementedError
+
+    def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row in ``rows``: absolute ``[lo, hi)`` of the window whose logits are used.
+
+        Rules see the window; ``hi`` must end the active block.
+        """
+        raise NotImplementedError
+
+    def attention_groups(self, state: DecodeState, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``(R, T)`` long attention group of each absolute position: a query attends to a key iff
+        ``group[key] <= group[query]`` (positions of one group see each other).
+
+        Default: the position's block (``(pos - origin) // block_length``; positions before the
+        origin, a prompt laid out with ``align: prompt``, are group -1), which is block-causal
+        attention with a bidirectional active block. Full-attention models ignore groups.
+        """
+        group = torch.div(positions - state.origin[rows, None], state.block_length, rounding_mode="floor")
+        return torch.where(positions < state.origin[rows, None], -1, group)
+
+    def cache_boundary(self, state: DecodeState, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """``(R,)`` absolute position before which everything is final: those positions enter the
+        exact KV cache in this forward and are never recomputed. Must lie in ``[cache length, lo]``,
+        and a cached position may only attend to positions before the boundary (else its cached keys
+        would go stale). Default: the window start ``lo``."""
+        return lo
+
+    def window_width(self) -> int:
+        """The most positions a window (:meth:`window`) ever spans: the width of every step's
+        context, fixed per decode so that every forward has the same shapes (default: a block)."""
+        return self.block_length
+
+    def max_forwards_per_block(self) -> int:
+        """Forwards one block may take before the engine calls the schedule broken (bounds NFE)."""
+        return self.block_length + int(getattr(self.config, "max_post_steps", 0))
+
+    def edit_region(self, state: DecodeState, ctx: StepContext) -> torch.Tensor:
+        """(B, W) positions whose written tokens T2T may edit (default: the active block)."""
+        return ctx.in_block
+
+    def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
+        """React to the step just written (e.g. end a converged block)."""
+        raise NotImplementedError
+
+
+ROLE_BASES: dict[str, type[Strategy]] = {
+    "m2t": UnmaskRule,
+    "t2t": EditRule,
+    "blocks": BlockSchedule,
+    "remask": RemaskRule,
+}

@@ -1,0 +1,1 @@
+"""Plumbing shared by every part: atomic files, distributed helpers, runtime, provenance."""
