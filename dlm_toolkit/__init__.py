@@ -5,7 +5,9 @@ Authoring API (see README "Write a strategy"): the registries ``M2T``, ``T2T``, 
 ``StrategyConfig``; ``StepContext``; ``Selection``. Running: :func:`decode` with a
 :class:`DecodingPolicy`. Step hooks (README "Step hooks"): the protocol :class:`StepHook` and
 the built-in hook mixins :class:`Verifier`, :class:`Shadow`, :class:`Indel` and the schedule
-:class:`DynamicBlockSchedule`.
+:class:`DynamicBlockSchedule`; what a hook declares and uses: :class:`Output` (its outputs on
+``ctx.hooks``), :class:`DeviceFlag` and :func:`set_flag` (its errors), :class:`Segment` and
+:class:`Keys` (what it adds to a forward).
 
 Package layout (README "Layout"): ``step/`` the decode step, ``hooks/`` the step-hook protocol
 and built-in hooks, ``strategy/`` the authoring API, registry and policies, ``training/``,
@@ -33,6 +35,9 @@ from dlm_toolkit.strategy.base import (
 from dlm_toolkit.strategy.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
 from dlm_toolkit.step.loop import decode
 from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.step.flags import DeviceFlag, set_flag
+from dlm_toolkit.step.segments import Keys, Segment
+from dlm_toolkit.strategy.base import Output
 from dlm_toolkit.hooks.verify import Verifier
 from dlm_toolkit.hooks.shadow import Shadow
 from dlm_toolkit.hooks.indel import Indel
@@ -58,15 +63,19 @@ __all__ = [
     "DecodeResult",
     "DecodeState",
     "DecodingPolicy",
+    "DeviceFlag",
     "DynamicBlockSchedule",
     "EditRule",
     "Indel",
+    "Keys",
     "NonFiniteLogitsError",
+    "Output",
     "PluginError",
     "PolicyConfig",
     "RemaskRule",
     "RowResult",
     "SamplingConfig",
+    "Segment",
     "Selection",
     "Shadow",
     "StepHook",
@@ -77,4 +86,5 @@ __all__ = [
     "Verifier",
     "decode",
     "load_policy",
+    "set_flag",
 ]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T, ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.hooks import KNOWN, HookStages, StepHook, check_hook, collect
+from dlm_toolkit.hooks.base import KNOWN, HookStages, StepHook, check_hook, collect
 from dlm_toolkit.strategy import Output
 from dlm_toolkit.testing import make_context, tiny_llada2
 from strategies.t2t_threshold import ThresholdEdit

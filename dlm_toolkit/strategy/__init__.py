@@ -12,6 +12,8 @@ from dlm_toolkit.strategy.base import (  # noqa: F401
     RemaskRule,
     BlockSchedule,
     ROLE_BASES,
+    Output,
+    HookOutputs,
 )
 
 __all__ = [
@@ -24,4 +26,6 @@ __all__ = [
     "RemaskRule",
     "BlockSchedule",
     "ROLE_BASES",
+    "Output",
+    "HookOutputs",
 ]
