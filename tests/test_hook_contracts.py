@@ -47,3 +47,143 @@ class TestDynamicBlocksHook(StepHookContract):
 
     def baseline_config(self):
         return cfg()
+
+
+# -- the suite bites: one broken hook per check, each failing that check ------------------------------
+import torch  # noqa: E402
+
+from dlm_toolkit import T2T  # noqa: E402
+from dlm_toolkit.hooks import StepHook  # noqa: E402
+from dlm_toolkit.strategy.base import Output  # noqa: E402
+from strategies.t2t_threshold import ThresholdEdit  # noqa: E402
+
+BL = 8
+
+
+def first_of_block(ctx) -> torch.Tensor:
+    return ctx.in_block & ~torch.cat([torch.zeros_like(ctx.in_block[:, :1]), ctx.in_block[:, :-1]], 1)
+
+
+class Freeze(StepHook):
+    """The README's toy hook: no edit or remask at the active block's first position."""
+
+    def after_rules(self, ctx, engine, state):
+        first = first_of_block(ctx)
+        ctx.edit = ctx.edit & ~first
+        ctx.remask = ctx.remask & ~first
+
+
+class KeepsState(Freeze):
+    def after_rules(self, ctx, engine, state):
+        self.steps = getattr(self, "steps", 0) + 1
+        super().after_rules(ctx, engine, state)
+
+
+class BatchDependent(Freeze):
+    def after_rules(self, ctx, engine, state):
+        if ctx.in_block.shape[0] > 1:  # freezes only in a batch
+            super().after_rules(ctx, engine, state)
+
+
+class CacheDependent(Freeze):
+    def after_rules(self, ctx, engine, state):
+        if engine.cached:  # freezes only with the KV cache
+            super().after_rules(ctx, engine, state)
+
+
+class MarksFrozen(Freeze):
+    outputs = {"frozen": Output(("B", "W"), torch.bool)}
+
+    def after_rules(self, ctx, engine, state):
+        super().after_rules(ctx, engine, state)
+        ctx.hooks.frozen = first_of_block(ctx)
+
+
+class MarksFrozenAsFloat(MarksFrozen):
+    def after_rules(self, ctx, engine, state):
+        Freeze.after_rules(self, ctx, engine, state)
+        ctx.hooks.frozen = first_of_block(ctx).float()  # declared bool
+
+
+class NeverMarks(MarksFrozen):
+    def after_rules(self, ctx, engine, state):
+        Freeze.after_rules(self, ctx, engine, state)  # declares 'frozen', never sets it
+
+
+class ExtraForwards(Freeze):
+    """Freezes, and runs two forwards of the step's window of its own every step."""
+
+    def __init__(self, blocks, budget):
+        self.blocks, self.budget = blocks, budget
+
+    def forward_budget(self, policy):
+        return self.budget
+
+    def after_rules(self, ctx, engine, state):
+        super().after_rules(ctx, engine, state)
+        lo, hi = self.blocks.window(state, state.all_rows)
+        window, _, _ = engine.window(ctx.live, lo, hi)
+        for _ in range(2):
+            engine.extra_forward([window], ctx.live)
+
+
+class Inert(StepHook):
+    def after_rules(self, ctx, engine, state):
+        ctx.edit = ctx.edit & ~ctx.is_prompt  # the rules never edit the prompt: changes nothing
+
+
+HOOKS = {"freeze": lambda policy: Freeze(), "keeps_state": lambda policy: KeepsState(),
+         "batch_dependent": lambda policy: BatchDependent(), "cache_dependent": lambda policy: CacheDependent(),
+         "marks": lambda policy: MarksFrozen(), "marks_float": lambda policy: MarksFrozenAsFloat(),
+         "never_marks": lambda policy: NeverMarks(), "inert": lambda policy: Inert(),
+         # the schedule's bound is 8 + 4 = 12 forwards per block; each step takes 3
+         "over_budget": lambda policy: ExtraForwards(policy.blocks, 0),
+         "within_budget": lambda policy: ExtraForwards(policy.blocks, 2 * 12)}
+
+
+def hooked_rule(kind: str) -> str:
+    name = f"_contract_{kind}"
+    if name not in T2T.names():  # registered now, not at import: other files list the registered rules
+        class Rule(ThresholdEdit):
+            def step_hooks(self, policy, role):
+                return [HOOKS[kind](policy)]
+
+        T2T.register(name)(Rule)
+    return name
+
+
+def suite(kind: str) -> StepHookContract:
+    class Suite(StepHookContract):
+        def policy_config(self):  # edits readily (threshold 0): without the hook some land on a block start
+            return cfg(t2t=(hooked_rule(kind), {"threshold": 0.0}))
+
+        def baseline_config(self):
+            return cfg(t2t=("threshold", {"threshold": 0.0}))
+
+    return Suite()
+
+
+def test_the_right_hooks_pass_the_checks_their_broken_twins_fail():
+    suite("freeze").test_keeps_no_state()
+    suite("freeze").test_batch_invariant(1.0)
+    suite("freeze").test_kv_cache_and_check_every_invariant()
+    suite("freeze").test_near_miss_without_the_hook()
+    suite("marks").test_declared_outputs_are_set_as_declared()
+    suite("within_budget").test_forward_budget_holds_and_counters_recount()
+
+
+@pytest.mark.parametrize("kind, check, message", [
+    ("keeps_state", "test_keeps_no_state", r"KeepsState' changed its attributes \['steps'\] in a decode"),
+    ("batch_dependent", "test_batch_invariant", r"BatchDependent': row \d decodes differently alone than in a batch of 3 \(temperature 0.0\)"),
+    ("cache_dependent", "test_kv_cache_and_check_every_invariant", r"CacheDependent': the decode with kv_cache=False differs"),
+    ("marks_float", "test_declared_outputs_are_set_as_declared",
+     r"MarksFrozenAsFloat': output 'frozen' must be a \(3, \d+\) torch.bool tensor \(B, W\), got a \(3, \d+\) torch.float32 tensor"),
+    ("never_marks", "test_declared_outputs_are_set_as_declared", r"NeverMarks' declares outputs \['frozen'\] but never set them"),
+    ("over_budget", "test_forward_budget_holds_and_counters_recount",
+     r"ExtraForwards': the decode failed: block schedule 'semi_ar' exceeded 12 forwards in one block"),
+    ("inert", "test_near_miss_without_the_hook", r"Inert' is inert on the contract's prompts"),
+])
+def test_a_broken_hook_fails_the_matching_check(kind, check, message):
+    method = getattr(suite(kind), check)
+    with pytest.raises(AssertionError, match=rf"^step hook '{message}"):
+        method(0.0) if check == "test_batch_invariant" else method()

@@ -114,7 +114,7 @@ class StepHookContract:
         try:
             return decode(self.make_model(), prompts, policy, self.gen_length, **kwargs)
         except StrategyError as err:
-            raise AssertionError(f"hook {self._who(policy)}: the {what} failed: {err}") from err
+            raise AssertionError(f"{self._who(policy)}: the {what} failed: {err}") from err
 
     # -- checks ----------------------------------------------------------------------------
     def test_hook_is_collected_and_valid(self) -> None:
@@ -133,9 +133,9 @@ class StepHookContract:
                 check_hook(hook)
                 hook.check_model(self.make_model())
             except ConfigError as err:
-                raise AssertionError(f"hook {label(hook)} fails its build-time checks: {err}") from err
+                raise AssertionError(f"{label(hook)} fails its build-time checks: {err}") from err
             flags = hook.device_flags()
-            assert all(isinstance(f, DeviceFlag) for f in flags), f"hook {label(hook)}: device_flags() must give DeviceFlag objects"
+            assert all(isinstance(f, DeviceFlag) for f in flags), f"{label(hook)}: device_flags() must give DeviceFlag objects"
         check_combinations(policy.hooks)
 
     def test_keeps_no_state(self) -> None:
@@ -146,13 +146,13 @@ class StepHookContract:
         for hook, attrs in before:
             now = vars(hook)
             changed = sorted(k for k in set(attrs) | set(now) if k not in attrs or k not in now or now[k] is not attrs[k])
-            assert not changed, (f"hook {label(hook)} changed its attributes {changed} in a decode: per-decode state "
+            assert not changed, (f"{label(hook)} changed its attributes {changed} in a decode: per-decode state "
                                  "belongs on the context or the decode state (a policy is shared between decodes)")
         same = first.tokens == second.tokens
-        assert same, f"hook {self._who(policy)}: two decodes of the same prompts differ"
+        assert same, f"{self._who(policy)}: two decodes of the same prompts differ"
         same = [r.nfe for r in first.rows] == [r.nfe for r in second.rows]
         assert same, (
-            f"hook {self._who(policy)}: two decodes of the same prompts take different NFE")
+            f"{self._who(policy)}: two decodes of the same prompts take different NFE")
 
     @pytest.mark.parametrize("temperature", [0.0, 1.0])
     def test_batch_invariant(self, temperature: float) -> None:
@@ -162,7 +162,7 @@ class StepHookContract:
             alone = self._decode(policy, [prompt], seed=[row_seed(self.seed, i)])
             same = alone.tokens[0] == batch.tokens[i] and alone.rows[0].nfe == batch.rows[i].nfe
             assert same, (
-                f"hook {self._who(policy)}: row {i} decodes differently alone than in a batch of {len(self.prompts)} "
+                f"{self._who(policy)}: row {i} decodes differently alone than in a batch of {len(self.prompts)} "
                 f"(temperature {temperature}): {alone.tokens[0]} (NFE {alone.rows[0].nfe}) vs {batch.tokens[i]} "
                 f"(NFE {batch.rows[i].nfe})")
 
@@ -173,15 +173,15 @@ class StepHookContract:
             other = self._decode(policy, what=f"decode with {what}", **kwargs)
             same = other.tokens == base.tokens and [r.nfe for r in other.rows] == [r.nfe for r in base.rows]
             assert same, (
-                f"hook {self._who(policy)}: the decode with {what} differs from the default one: {other.tokens} "
+                f"{self._who(policy)}: the decode with {what} differs from the default one: {other.tokens} "
                 f"(NFE {[r.nfe for r in other.rows]}) vs {base.tokens} (NFE {[r.nfe for r in base.rows]})")
 
     def test_compiled_equals_eager(self) -> None:
         policy = self.make_policy()
         if not self.capturable or not all(getattr(h, "capturable", True) for h in policy.hooks):
             pytest.skip("the hook declares capturable = False")
-        problems = capture_problems(f"hook {self._who(policy)}", policy)  # type: ignore[arg-type]
-        assert not problems, f"hook {self._who(policy)} is not capture-safe: " + "; ".join(problems)
+        problems = capture_problems(f"{self._who(policy)}", policy)  # type: ignore[arg-type]
+        assert not problems, f"{self._who(policy)} is not capture-safe: " + "; ".join(problems)
 
     def test_declared_outputs_are_set_as_declared(self) -> None:
         policy = self.make_policy()
@@ -190,7 +190,7 @@ class StepHookContract:
         with _probe_outputs(declared, seen):
             self._decode(policy, record=True)
         unset = sorted(set(declared) - seen)
-        assert not unset, (f"hook {self._who(policy)} declares outputs {unset} but never set them on the contract's "
+        assert not unset, (f"{self._who(policy)} declares outputs {unset} but never set them on the contract's "
                            "prompts (drop the declaration, or pass prompts where the hook sets them)")
 
     def test_forward_budget_holds_and_counters_recount(self) -> None:
@@ -215,11 +215,11 @@ class StepHookContract:
                 per_row[step.row] += n
         for r, row in enumerate(res.rows):
             assert row.nfe == per_row[r] + pending.get(r, 0), (
-                f"hook {self._who(policy)}: row {r} reports NFE {row.nfe}, the trajectory's steps plus extra "
+                f"{self._who(policy)}: row {r} reports NFE {row.nfe}, the trajectory's steps plus extra "
                 f"forwards recount {per_row[r] + pending.get(r, 0)}")
         worst = max(per_block.items(), key=lambda kv: kv[1], default=((0, 0), 0))
         assert worst[1] <= bound + budget, (
-            f"hook {self._who(policy)}: row {worst[0][0]} took {worst[1]} forwards in block {worst[0][1]}, over the "
+            f"{self._who(policy)}: row {worst[0][0]} took {worst[1]} forwards in block {worst[0][1]}, over the "
             f"schedule's bound {bound} + the declared budget {budget}")
 
     def test_near_miss_without_the_hook(self) -> None:
@@ -229,7 +229,7 @@ class StepHookContract:
         got, plain = self._decode(policy), self._decode(baseline, what="decode without the hook")
         differs = got.tokens != plain.tokens or [r.nfe for r in got.rows] != [r.nfe for r in plain.rows]
         assert differs, (
-            f"hook {self._who(policy)} is inert on the contract's prompts: the policy without it decodes the same "
+            f"{self._who(policy)} is inert on the contract's prompts: the policy without it decodes the same "
             "tokens and NFE (set prompts, gen_length or model_seed to ones where the hook acts)")
 
 
@@ -254,7 +254,7 @@ def _probe_outputs(declared: dict[str, tuple[str, Any]], seen: set[str]) -> Iter
             got = (f"a {tuple(value.shape)} {value.dtype} tensor" if isinstance(value, torch.Tensor)
                    else f"a {type(value).__name__}")
             assert _fits(value, out, self), (
-                f"hook {who}: output '{name}' must be {out.describe(self._window, self._vocab, self._logits_dtype)}, "
+                f"{who}: output '{name}' must be {out.describe(self._window, self._vocab, self._logits_dtype)}, "
                 f"got {got}")
             seen.add(name)
         original(self, hook, name, value)
