@@ -79,6 +79,24 @@ class KeepsState(Freeze):
         super().after_rules(ctx, engine, state)
 
 
+class CountsInPlace(Freeze):
+    """Keeps a counter in a list it made when built: its __dict__ keeps the same objects."""
+
+    def __init__(self):
+        self.counts = [0]
+
+    def after_rules(self, ctx, engine, state):
+        self.counts[0] += 1
+        super().after_rules(ctx, engine, state)
+
+
+class HoldsConfig(Freeze):
+    """Holds (and only reads) things it was built with: no per-decode state."""
+
+    def __init__(self, blocks):
+        self.blocks, self.sizes, self.table = blocks, [8], torch.arange(3)
+
+
 class BatchDependent(Freeze):
     def after_rules(self, ctx, engine, state):
         if ctx.in_block.shape[0] > 1:  # freezes only in a batch
@@ -97,6 +115,45 @@ class MarksFrozen(Freeze):
     def after_rules(self, ctx, engine, state):
         super().after_rules(ctx, engine, state)
         ctx.hooks.frozen = first_of_block(ctx)
+
+
+class FillsItsCache(Freeze):
+    """Adds to a dict and a tensor it made when built."""
+
+    def __init__(self, what):
+        self.what, self.cache, self.seen = what, {}, torch.zeros(1)
+
+    def after_rules(self, ctx, engine, state):
+        if self.what == "cache":
+            self.cache[len(self.cache)] = True
+        else:
+            self.seen += 1
+        super().after_rules(ctx, engine, state)
+
+
+class RebindsObject(Freeze):
+    """Swaps an object it holds for the step's context: same attribute names, another object."""
+
+    def __init__(self):
+        self.last = object()
+
+    def after_rules(self, ctx, engine, state):
+        self.last = ctx
+        super().after_rules(ctx, engine, state)
+
+
+class CountsFrozen(Freeze):
+    outputs = {"frozen_per_row": Output((), int)}
+
+    def after_rules(self, ctx, engine, state):
+        super().after_rules(ctx, engine, state)
+        ctx.hooks.frozen_per_row = 1
+
+
+class CountsFrozenAsFloat(CountsFrozen):
+    def after_rules(self, ctx, engine, state):
+        Freeze.after_rules(self, ctx, engine, state)
+        ctx.hooks.frozen_per_row = 1.0  # declared int
 
 
 class MarksFrozenAsFloat(MarksFrozen):
@@ -133,7 +190,10 @@ class Inert(StepHook):
 
 
 HOOKS = {"freeze": lambda policy: Freeze(), "keeps_state": lambda policy: KeepsState(),
-         "batch_dependent": lambda policy: BatchDependent(), "cache_dependent": lambda policy: CacheDependent(),
+         "batch_dependent": lambda policy: BatchDependent(),
+         "counts_in_place": lambda policy: CountsInPlace(), "rebinds": lambda policy: RebindsObject(),
+         "fills_cache": lambda policy: FillsItsCache("cache"), "counts_in_tensor": lambda policy: FillsItsCache("seen"),
+         "counts": lambda policy: CountsFrozen(), "counts_float": lambda policy: CountsFrozenAsFloat(), "holds_config": lambda policy: HoldsConfig(policy.blocks), "cache_dependent": lambda policy: CacheDependent(),
          "marks": lambda policy: MarksFrozen(), "marks_float": lambda policy: MarksFrozenAsFloat(),
          "never_marks": lambda policy: NeverMarks(), "inert": lambda policy: Inert(),
          # the schedule's bound is 8 + 4 = 12 forwards per block; each step takes 3
@@ -165,19 +225,27 @@ def suite(kind: str) -> StepHookContract:
 
 def test_the_right_hooks_pass_the_checks_their_broken_twins_fail():
     suite("freeze").test_keeps_no_state()
+    suite("holds_config").test_keeps_no_state()
     suite("freeze").test_batch_invariant(1.0)
     suite("freeze").test_kv_cache_and_check_every_invariant()
     suite("freeze").test_near_miss_without_the_hook()
     suite("marks").test_declared_outputs_are_set_as_declared()
+    suite("counts").test_declared_outputs_are_set_as_declared()
     suite("within_budget").test_forward_budget_holds_and_counters_recount()
 
 
 @pytest.mark.parametrize("kind, check, message", [
     ("keeps_state", "test_keeps_no_state", r"KeepsState' changed its attributes \['steps'\] in a decode"),
+    ("counts_in_place", "test_keeps_no_state", r"CountsInPlace' changed its attributes \['counts'\] in a decode"),
+    ("rebinds", "test_keeps_no_state", r"RebindsObject' changed its attributes \['last'\] in a decode"),
+    ("fills_cache", "test_keeps_no_state", r"FillsItsCache' changed its attributes \['cache'\] in a decode"),
+    ("counts_in_tensor", "test_keeps_no_state", r"FillsItsCache' changed its attributes \['seen'\] in a decode"),
     ("batch_dependent", "test_batch_invariant", r"BatchDependent': row \d decodes differently alone than in a batch of 3 \(temperature 0.0\)"),
     ("cache_dependent", "test_kv_cache_and_check_every_invariant", r"CacheDependent': the decode with kv_cache=False differs"),
     ("marks_float", "test_declared_outputs_are_set_as_declared",
      r"MarksFrozenAsFloat': output 'frozen' must be a \(3, \d+\) torch.bool tensor \(B, W\), got a \(3, \d+\) torch.float32 tensor"),
+    ("counts_float", "test_declared_outputs_are_set_as_declared",
+     r"CountsFrozenAsFloat': output 'frozen_per_row' must be a Python int, got a float"),
     ("never_marks", "test_declared_outputs_are_set_as_declared", r"NeverMarks' declares outputs \['frozen'\] but never set them"),
     ("over_budget", "test_forward_budget_holds_and_counters_recount",
      r"ExtraForwards': the decode failed: block schedule 'semi_ar' exceeded 12 forwards in one block"),
@@ -187,3 +255,16 @@ def test_a_broken_hook_fails_the_matching_check(kind, check, message):
     method = getattr(suite(kind), check)
     with pytest.raises(AssertionError, match=rf"^step hook '{message}"):
         method(0.0) if check == "test_batch_invariant" else method()
+
+
+def test_the_suite_recounts_forwards_per_block_itself(monkeypatch):
+    """With the engine's own per-block bound lifted, the suite's recount still finds the hook that runs
+    3 forwards a step over a bound of 12 (8 positions + 4 post steps) with no budget declared."""
+    from dlm_toolkit.step import loop
+
+    checks = loop.StepChecks
+    monkeypatch.setattr(loop, "StepChecks", lambda policy, limit: checks(policy, 10_000))
+    with pytest.raises(AssertionError, match=r"^step hook 'ExtraForwards': row \d took (1[3-9]|[2-9]\d|\d{3}) forwards "
+                       r"in block \d+, over the schedule's bound 12 \+ the declared budget 0"):
+        suite("over_budget").test_forward_budget_holds_and_counters_recount()
+    suite("within_budget").test_forward_budget_holds_and_counters_recount()  # near miss: declared

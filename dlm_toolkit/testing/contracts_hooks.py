@@ -140,12 +140,13 @@ class StepHookContract:
 
     def test_keeps_no_state(self) -> None:
         policy = self.make_policy()
-        before = [(h, dict(vars(h))) for h in policy.hooks]
+        before = [(h, {k: _snapshot(v) for k, v in vars(h).items()}) for h in policy.hooks]
         first = self._decode(policy)
         second = self._decode(policy)
         for hook, attrs in before:
             now = vars(hook)
-            changed = sorted(k for k in set(attrs) | set(now) if k not in attrs or k not in now or now[k] is not attrs[k])
+            changed = sorted(k for k in set(attrs) | set(now)
+                             if k not in attrs or k not in now or not _same(attrs[k], now[k]))
             assert not changed, (f"{label(hook)} changed its attributes {changed} in a decode: per-decode state "
                                  "belongs on the context or the decode state (a policy is shared between decodes)")
         same = first.tokens == second.tokens
@@ -231,6 +232,37 @@ class StepHookContract:
         assert differs, (
             f"{self._who(policy)} is inert on the contract's prompts: the policy without it decodes the same "
             "tokens and NFE (set prompts, gen_length or model_seed to ones where the hook acts)")
+
+
+def _snapshot(value: Any) -> Any:
+    """``value`` as it is now: tensors and containers copied (a hook may change them in place), any
+    other object kept by reference (compared by identity: a hook's rule or schedule)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_snapshot(v) for v in value) if type(value) in (list, tuple) else value
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return set(value)
+    return value
+
+
+def _same(then: Any, now: Any) -> bool:
+    """``now`` is what :func:`_snapshot` saw as ``then``."""
+    if isinstance(then, torch.Tensor):
+        return (isinstance(now, torch.Tensor) and then.shape == now.shape and then.dtype == now.dtype
+                and bool(torch.equal(then, now.detach().cpu().to(then.device))))
+    if type(then) in (list, tuple):
+        return type(now) is type(then) and len(now) == len(then) and all(_same(a, b) for a, b in zip(then, now))
+    if isinstance(then, dict):
+        return (isinstance(now, dict) and then.keys() == now.keys()
+                and all(_same(then[k], now[k]) for k in then))
+    if isinstance(then, set):
+        return isinstance(now, (set, frozenset)) and then == set(now)
+    if isinstance(then, (int, float, str, bytes, bool, type(None))):
+        return type(then) is type(now) and then == now
+    return then is now
 
 
 def _fits(value: Any, out: Any, hooks: HookOutputs) -> bool:
