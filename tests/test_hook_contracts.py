@@ -268,3 +268,55 @@ def test_the_suite_recounts_forwards_per_block_itself(monkeypatch):
                        r"in block \d+, over the schedule's bound 12 \+ the declared budget 0"):
         suite("over_budget").test_forward_budget_holds_and_counters_recount()
     suite("within_budget").test_forward_budget_holds_and_counters_recount()  # near miss: declared
+
+
+pytest_plugins = ["pytester"]  # a broken plug-in hook's test file run by pytest in this process
+
+BROKEN = '''import torch
+from dlm_toolkit import T2T
+from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.testing import StepHookContract
+
+
+class Counting(StepHook):
+    def after_rules(self, ctx, engine, state):
+        self.steps = getattr(self, "steps", 0) + 1
+
+
+@T2T.register("_reporting_counting")
+class CountingEdit(T2T.get("threshold")):
+    def step_hooks(self, policy, role):
+        return [Counting()]
+
+
+class TestCounting(StepHookContract):
+    def policy_config(self):
+        return {"m2t": {"name": "threshold", "params": {"threshold": 0.7}},
+                "t2t": {"name": "_reporting_counting", "params": {"threshold": 0.0}},
+                "blocks": {"name": "semi_ar", "params": {"block_length": 8, "max_post_steps": 4}}}
+'''
+
+
+def test_a_broken_hook_is_reported_in_one_line(pytester):
+    from importlib.metadata import distributions
+
+    from dlm_toolkit.strategy.registry import REGISTRIES
+
+    # as pytest looks for it (every distribution: an editable install may leave a second metadata folder)
+    installed = any(ep.group == "pytest11" and ep.name == "dlm_toolkit" for d in distributions() for ep in d.entry_points)
+    plugin = () if installed else ("-p", "dlm_toolkit.testing.pytest_plugin")  # not yet reinstalled: by name
+    pytester.makepyfile(test_broken_hook=BROKEN)
+    try:
+        done = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", *plugin, "-k", "keeps_no_state or kv_cache")
+    finally:
+        REGISTRIES["t2t"]._entries.pop("_reporting_counting", None)  # other files list the registered rules
+    out = done.stdout.str()
+    assert done.ret == 1 and "1 failed, 1 passed" in out, out[-3000:]
+    failures = out.split("short test summary info")[0]
+    assert "contract failed: step hook 'Counting' changed its attributes ['steps'] in a decode" in failures
+    assert "(dlm_toolkit/testing/contracts_hooks.py:" in failures
+    assert "def " not in failures and len(failures.splitlines()) < 10
+
+
+def test_the_suite_sets_the_temperature_it_says():
+    assert suite("freeze").make_policy(**{"sampling.temperature": 1.0}).sampling.temperature == 1.0

@@ -103,6 +103,13 @@ class StepHookContract:
         return _model(self.model_seed)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _policy(self, **overrides: Any) -> DecodingPolicy:
+        """:meth:`make_policy`, a refusal failing the contract in one line."""
+        try:
+            return self.make_policy(**overrides)
+        except ConfigError as err:
+            raise AssertionError(f"{type(self).__name__}: the policy is refused when built: {err}") from err
+
     def _who(self, policy: DecodingPolicy) -> str:
         return ", ".join(label(h) for h in policy.hooks) or "no hook"
 
@@ -118,10 +125,7 @@ class StepHookContract:
 
     # -- checks ----------------------------------------------------------------------------
     def test_hook_is_collected_and_valid(self) -> None:
-        try:
-            policy = self.make_policy()
-        except ConfigError as err:
-            raise AssertionError(f"{type(self).__name__}: the policy is refused when built: {err}") from err
+        policy = self._policy()
         assert policy.hooks, (f"{type(self).__name__}: the policy has no step hook (no rule's step_hooks(policy, role) "
                               "returns one)")
         if self.hook_type is not None:
@@ -139,7 +143,7 @@ class StepHookContract:
         check_combinations(policy.hooks)
 
     def test_keeps_no_state(self) -> None:
-        policy = self.make_policy()
+        policy = self._policy()
         before = [(h, {k: _snapshot(v) for k, v in vars(h).items()}) for h in policy.hooks]
         first = self._decode(policy)
         second = self._decode(policy)
@@ -157,7 +161,7 @@ class StepHookContract:
 
     @pytest.mark.parametrize("temperature", [0.0, 1.0])
     def test_batch_invariant(self, temperature: float) -> None:
-        policy = self.make_policy(**{"sampling.temperature": temperature})
+        policy = self._policy(**{"sampling.temperature": temperature})
         batch = self._decode(policy)
         for i, prompt in enumerate(self.prompts):
             alone = self._decode(policy, [prompt], seed=[row_seed(self.seed, i)])
@@ -168,7 +172,7 @@ class StepHookContract:
                 f"(NFE {batch.rows[i].nfe})")
 
     def test_kv_cache_and_check_every_invariant(self) -> None:
-        policy = self.make_policy()
+        policy = self._policy()
         base = self._decode(policy)
         for what, kwargs in (("kv_cache=False", {"kv_cache": False}), ("check_every=3", {"check_every": 3})):
             other = self._decode(policy, what=f"decode with {what}", **kwargs)
@@ -178,14 +182,14 @@ class StepHookContract:
                 f"(NFE {[r.nfe for r in other.rows]}) vs {base.tokens} (NFE {[r.nfe for r in base.rows]})")
 
     def test_compiled_equals_eager(self) -> None:
-        policy = self.make_policy()
+        policy = self._policy()
         if not self.capturable or not all(getattr(h, "capturable", True) for h in policy.hooks):
             pytest.skip("the hook declares capturable = False")
         problems = capture_problems(f"{self._who(policy)}", policy)  # type: ignore[arg-type]
         assert not problems, f"{self._who(policy)} is not capture-safe: " + "; ".join(problems)
 
     def test_declared_outputs_are_set_as_declared(self) -> None:
-        policy = self.make_policy()
+        policy = self._policy()
         declared = {name: (label(h), out) for h in policy.hooks for name, out in h.outputs.items()}
         seen: set[str] = set()
         with _probe_outputs(declared, seen):
@@ -195,7 +199,7 @@ class StepHookContract:
                            "prompts (drop the declaration, or pass prompts where the hook sets them)")
 
     def test_forward_budget_holds_and_counters_recount(self) -> None:
-        policy = self.make_policy()
+        policy = self._policy()
         bound = policy.blocks.max_forwards_per_block()
         budget = sum(h.forward_budget(policy) for h in policy.hooks)
         assert policy.forward_limit() == bound + budget, (
@@ -224,7 +228,7 @@ class StepHookContract:
             f"schedule's bound {bound} + the declared budget {budget}")
 
     def test_near_miss_without_the_hook(self) -> None:
-        policy, baseline = self.make_policy(), self.make_baseline()
+        policy, baseline = self._policy(), self.make_baseline()
         assert not baseline.hooks or {type(h) for h in baseline.hooks} != {type(h) for h in policy.hooks}, (
             f"{type(self).__name__}: the baseline policy holds the same hooks")
         got, plain = self._decode(policy), self._decode(baseline, what="decode without the hook")
