@@ -17,6 +17,8 @@ def cfg(m2t=("threshold", {"threshold": 0.7}), t2t=("none", {}), remask=("none",
 
 
 class TestVerifyHook(StepHookContract):
+    host_reads_per_stage = 1  # an eager decode reads whether any row verifies, to skip the forward if none
+
     def policy_config(self):
         return cfg(m2t=("s2d2", {"threshold": 0.7}))
 
@@ -184,6 +186,12 @@ class ExtraForwards(Freeze):
             engine.extra_forward([window], ctx.live)
 
 
+class HostRead(Freeze):
+    def after_rules(self, ctx, engine, state):
+        if ctx.edit.any():  # a host read each step
+            super().after_rules(ctx, engine, state)
+
+
 class Inert(StepHook):
     def after_rules(self, ctx, engine, state):
         ctx.edit = ctx.edit & ~ctx.is_prompt  # the rules never edit the prompt: changes nothing
@@ -196,6 +204,7 @@ HOOKS = {"freeze": lambda policy: Freeze(), "keeps_state": lambda policy: KeepsS
          "counts": lambda policy: CountsFrozen(), "counts_float": lambda policy: CountsFrozenAsFloat(), "holds_config": lambda policy: HoldsConfig(policy.blocks), "cache_dependent": lambda policy: CacheDependent(),
          "marks": lambda policy: MarksFrozen(), "marks_float": lambda policy: MarksFrozenAsFloat(),
          "never_marks": lambda policy: NeverMarks(), "inert": lambda policy: Inert(),
+         "host_read": lambda policy: HostRead(),
          # the schedule's bound is 8 + 4 = 12 forwards per block; each step takes 3
          "over_budget": lambda policy: ExtraForwards(policy.blocks, 0),
          "within_budget": lambda policy: ExtraForwards(policy.blocks, 2 * 12)}
@@ -229,6 +238,10 @@ def test_the_right_hooks_pass_the_checks_their_broken_twins_fail():
     suite("freeze").test_batch_invariant(1.0)
     suite("freeze").test_kv_cache_and_check_every_invariant()
     suite("freeze").test_near_miss_without_the_hook()
+    suite("within_budget").test_reads_nothing_on_the_host()  # extra forwards read nothing
+    allowed = suite("host_read")
+    allowed.host_reads_per_stage = 1  # one read per call allowed: passes; two would not
+    allowed.test_reads_nothing_on_the_host()
     suite("marks").test_declared_outputs_are_set_as_declared()
     suite("counts").test_declared_outputs_are_set_as_declared()
     suite("within_budget").test_forward_budget_holds_and_counters_recount()
@@ -249,6 +262,8 @@ def test_the_right_hooks_pass_the_checks_their_broken_twins_fail():
     ("never_marks", "test_declared_outputs_are_set_as_declared", r"NeverMarks' declares outputs \['frozen'\] but never set them"),
     ("over_budget", "test_forward_budget_holds_and_counters_recount",
      r"ExtraForwards': the decode failed: block schedule 'semi_ar' exceeded 12 forwards in one block"),
+    ("host_read", "test_reads_nothing_on_the_host",
+     r"HostRead' read the device from the host \d+ times in a decode \(aten.is_nonzero.default x\d+; allowed: 0\)"),
     ("inert", "test_near_miss_without_the_hook", r"Inert' is inert on the contract's prompts"),
 ])
 def test_a_broken_hook_fails_the_matching_check(kind, check, message):

@@ -19,7 +19,8 @@ different lengths) with a tiny random LLaDA2 model (:func:`~dlm_toolkit.testing.
 and checks: the hook is collected and passes the build-time checks; it keeps no state on ``self``
 (its ``__dict__`` is unchanged by decodes, two decodes give the same tokens); a row decodes the same
 alone and in the batch, at temperature 0 and 1 (seeded); KV cache on = off and ``check_every=1`` =
-``3``; the compiled decode (``capture="compile"``, ``aot_eager``) = the eager one, unless the suite sets
+``3``; its stages read nothing back to the host (``host_reads_per_stage``: the reads a stage call may
+make in an eager decode, default 0); the compiled decode (``capture="compile"``, ``aot_eager``) = the eager one, unless the suite sets
 ``capturable = False`` or the hook class does (a hook with a host read or a graph break); every
 declared output is set, each time with its declared shape and dtype; the forward budget holds (each
 row's forwards per block <= the schedule's bound + the hooks' declared budgets, and each row's NFE is
@@ -33,14 +34,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, ClassVar, Iterator, Sequence
 
 import pytest
 import torch
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.hooks.base import StepHook, check_combinations, check_hook, label
+from dlm_toolkit.hooks.base import STAGES, StepHook, check_combinations, check_hook, label
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.engine import StepEngine
 from dlm_toolkit.step.flags import DeviceFlag, FlagTable
@@ -50,6 +51,7 @@ from dlm_toolkit.step.trajectory import Trajectory
 from dlm_toolkit.strategy.base import HookOutputs
 from dlm_toolkit.strategy.policy import DecodingPolicy, StrategyError
 from dlm_toolkit.testing.contracts_capture import capture_problems
+from dlm_toolkit.testing.host_syncs import HostSyncs
 from dlm_toolkit.testing.models import tiny_llada2
 
 
@@ -69,6 +71,9 @@ class StepHookContract:
     model_seed: ClassVar[int] = 2
     seed: ClassVar[int] = 0
     capturable: ClassVar[bool] = True  # False: skip compiled = eager (a hook may also set capturable = False)
+    # host reads a stage of the hook may make per call in an eager decode (e.g. 1: whether any row needs
+    # the hook's forward, to skip it); 0: none, as a hook should
+    host_reads_per_stage: ClassVar[int] = 0
 
     @pytest.fixture(autouse=True)
     def _single_thread(self) -> Iterator[None]:
@@ -188,6 +193,17 @@ class StepHookContract:
         problems = capture_problems(f"{self._who(policy)}", policy)  # type: ignore[arg-type]
         assert not problems, f"{self._who(policy)} is not capture-safe: " + "; ".join(problems)
 
+    def test_reads_nothing_on_the_host(self) -> None:
+        policy = self._policy()
+        with _probe_host_reads(policy.hooks) as (reads, calls):
+            self._decode(policy)
+        for hook in policy.hooks:
+            ops, allowed = reads[label(hook)], self.host_reads_per_stage * calls[label(hook)]
+            assert sum(ops.values()) <= allowed, (
+                f"{label(hook)} read the device from the host {sum(ops.values())} times in a decode "
+                f"({', '.join(f'{op} x{n}' for op, n in ops.most_common())}; allowed: {allowed}): a hook runs on the "
+                "device (errors go through device flags); on a GPU each read stalls the step")
+
     def test_declared_outputs_are_set_as_declared(self) -> None:
         policy = self._policy()
         declared = {name: (label(h), out) for h in policy.hooks for name, out in h.outputs.items()}
@@ -300,6 +316,35 @@ def _probe_outputs(declared: dict[str, tuple[str, Any]], seen: set[str]) -> Iter
         yield
     finally:
         HookOutputs.set = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _probe_host_reads(hooks: Sequence[StepHook]) -> Iterator[tuple[dict[str, Counter[str]], Counter[str]]]:
+    """Count each hook's host reads in its stages (what they call counted too: the engine's
+    ``extra_forward`` reads nothing), and its stage calls."""
+    reads: dict[str, Counter[str]] = {label(h): Counter() for h in hooks}
+    calls: Counter[str] = Counter()
+
+    def counted(hook: StepHook, method: Any) -> Any:
+        def run(*args: Any) -> Any:
+            with HostSyncs() as syncs:
+                out = method(*args)
+            reads[label(hook)].update(syncs.ops)
+            calls[label(hook)] += 1
+            return out
+
+        return run
+
+    stages = ("step_segments",) + STAGES
+    wrapped = [(h, stage) for h in hooks for stage in stages
+               if getattr(type(h), stage) is not getattr(StepHook, stage) and stage not in vars(h)]
+    for hook, stage in wrapped:  # on the object: HookStages takes the bound method when the decode starts
+        setattr(hook, stage, counted(hook, getattr(hook, stage)))
+    try:
+        yield reads, calls
+    finally:
+        for hook, stage in wrapped:
+            delattr(hook, stage)
 
 
 @contextlib.contextmanager
