@@ -335,3 +335,18 @@ def test_a_broken_hook_is_reported_in_one_line(pytester):
 
 def test_the_suite_sets_the_temperature_it_says():
     assert suite("freeze").make_policy(**{"sampling.temperature": 1.0}).sampling.temperature == 1.0
+
+
+class Uncapturable(Freeze):
+    capturable = False  # the hook's own opt-out of compiled = eager
+
+
+HOOKS["uncapturable"] = lambda policy: Uncapturable()
+
+
+def test_compiled_equals_eager_is_opted_out_by_the_suite_or_the_hook_only():
+    opted = suite("freeze")
+    opted.capturable = False
+    for skipped in (opted, suite("uncapturable")):
+        with pytest.raises(pytest.skip.Exception, match="capturable = False"):
+            skipped.test_compiled_equals_eager()
