@@ -350,3 +350,27 @@ def test_compiled_equals_eager_is_opted_out_by_the_suite_or_the_hook_only():
     for skipped in (opted, suite("uncapturable")):
         with pytest.raises(pytest.skip.Exception, match="capturable = False"):
             skipped.test_compiled_equals_eager()
+
+
+def test_the_hook_must_be_in_the_policy_and_of_the_named_class():
+    plain = suite("freeze")
+    plain.policy_config = lambda: cfg()  # no rule asks for a hook
+    with pytest.raises(AssertionError, match="the policy has no step hook"):
+        plain.test_hook_is_collected_and_valid()
+    wrong = suite("freeze")
+    wrong.hook_type = KeepsState
+    with pytest.raises(AssertionError, match=r"policy.hooks holds \['Freeze'\], not KeepsState"):
+        wrong.test_hook_is_collected_and_valid()
+    right = suite("freeze")
+    right.hook_type = Freeze
+    right.test_hook_is_collected_and_valid()
+
+
+def test_without_a_baseline_the_near_miss_drops_the_hooks():
+    active, inert = suite("freeze"), suite("inert")
+    for dropped in (active, inert):
+        dropped.baseline_config = lambda: None
+        assert dropped.make_baseline().hooks == [] and dropped.make_policy().hooks != []
+    active.test_near_miss_without_the_hook()
+    with pytest.raises(AssertionError, match="is inert on the contract's prompts"):
+        inert.test_near_miss_without_the_hook()
