@@ -192,6 +192,13 @@ class HostRead(Freeze):
             super().after_rules(ctx, engine, state)
 
 
+class LateFreeze(StepHook):
+    """Narrows the edits after the write: the canvas holds them, the recorded steps do not."""
+
+    def after_write(self, ctx, state):
+        ctx.edit = ctx.edit & ~first_of_block(ctx)
+
+
 class Inert(StepHook):
     def after_rules(self, ctx, engine, state):
         ctx.edit = ctx.edit & ~ctx.is_prompt  # the rules never edit the prompt: changes nothing
@@ -204,7 +211,7 @@ HOOKS = {"freeze": lambda policy: Freeze(), "keeps_state": lambda policy: KeepsS
          "counts": lambda policy: CountsFrozen(), "counts_float": lambda policy: CountsFrozenAsFloat(), "holds_config": lambda policy: HoldsConfig(policy.blocks), "cache_dependent": lambda policy: CacheDependent(),
          "marks": lambda policy: MarksFrozen(), "marks_float": lambda policy: MarksFrozenAsFloat(),
          "never_marks": lambda policy: NeverMarks(), "inert": lambda policy: Inert(),
-         "host_read": lambda policy: HostRead(),
+         "host_read": lambda policy: HostRead(), "late_freeze": lambda policy: LateFreeze(),
          # the schedule's bound is 8 + 4 = 12 forwards per block; each step takes 3
          "over_budget": lambda policy: ExtraForwards(policy.blocks, 0),
          "within_budget": lambda policy: ExtraForwards(policy.blocks, 2 * 12)}
@@ -264,6 +271,8 @@ def test_the_right_hooks_pass_the_checks_their_broken_twins_fail():
      r"ExtraForwards': the decode failed: block schedule 'semi_ar' exceeded 12 forwards in one block"),
     ("host_read", "test_reads_nothing_on_the_host",
      r"HostRead' read the device from the host \d+ times in a decode \(aten.is_nonzero.default x\d+; allowed: 0\)"),
+    ("late_freeze", "test_forward_budget_holds_and_counters_recount",
+     r"LateFreeze': row \d's counters \{'commit': \d+, 'edit': \d+, .*\} differ from the recount of its recorded steps"),
     ("inert", "test_near_miss_without_the_hook", r"Inert' is inert on the contract's prompts"),
 ])
 def test_a_broken_hook_fails_the_matching_check(kind, check, message):

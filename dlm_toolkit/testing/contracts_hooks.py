@@ -15,18 +15,21 @@ rules' ``step_hooks`` ask for it)::
             return {"m2t": {"name": "threshold"}, "t2t": {"name": "threshold"}}
 
 Every ``test_*`` method decodes the contract's :attr:`~StepHookContract.prompts` (three rows of
-different lengths) with a tiny random LLaDA2 model (:func:`~dlm_toolkit.testing.tiny_llada2`, block-causal)
-and checks: the hook is collected and passes the build-time checks; it keeps no state on ``self``
-(its ``__dict__`` is unchanged by decodes, two decodes give the same tokens); a row decodes the same
-alone and in the batch, at temperature 0 and 1 (seeded); KV cache on = off and ``check_every=1`` =
+different lengths) with a tiny random LLaDA2 model (:func:`~dlm_toolkit.testing.tiny_llada2`,
+block-causal) and checks: the hook is collected and passes the build-time checks; it keeps no state on
+``self`` (its ``__dict__`` is unchanged by decodes, two decodes give the same tokens); a row decodes the
+same alone and in the batch, at temperature 0 and 1 (seeded); KV cache on = off and ``check_every=1`` =
 ``3``; its stages read nothing back to the host (``host_reads_per_stage``: the reads a stage call may
-make in an eager decode, default 0); the compiled decode (``capture="compile"``, ``aot_eager``) = the eager one, unless the suite sets
-``capturable = False`` or the hook class does (a hook with a host read or a graph break); every
-declared output is set, each time with its declared shape and dtype; the forward budget holds (each
-row's forwards per block <= the schedule's bound + the hooks' declared budgets, and each row's NFE is
-the recount from the recorded trajectory plus the hook's ``extra_forward`` rows); and a near miss:
-the policy without the hook decodes the prompts differently (else the hook is inert on them: pass
-prompts, ``gen_length`` or ``model_seed`` that show it act). The base class has no ``Test`` prefix.
+make in an eager decode, default 0); the compiled decode (``capture="compile"``, ``aot_eager``) = the
+eager one, unless the suite sets ``capturable = False`` or the hook class does (hooks run eagerly
+between the captured forward and rules; what is compared is how their outputs and writes meet the
+captured parts); every declared output is set, each time with its declared shape and dtype; the forward
+budget holds (each row's forwards per block <= the schedule's bound + the hooks' declared budgets, and
+each row's NFE is the recount from the recorded trajectory plus the hook's ``extra_forward`` rows; its
+commits, edits, remasks, inserts and deletes are those of its recorded steps, so a selection a hook
+changes after the write is caught); and a near miss: the policy without the hook decodes the prompts
+differently (else the hook is inert on them: pass prompts, ``gen_length`` or ``model_seed`` that show it
+act). The base class has no ``Test`` prefix.
 """
 
 from __future__ import annotations
@@ -238,6 +241,15 @@ class StepHookContract:
             assert row.nfe == per_row[r] + pending.get(r, 0), (
                 f"{self._who(policy)}: row {r} reports NFE {row.nfe}, the trajectory's steps plus extra "
                 f"forwards recount {per_row[r] + pending.get(r, 0)}")
+        for r, row in enumerate(res.rows):
+            steps = res.trajectory.for_row(r)
+            recount = {name: sum(len(getattr(s, name)) for s in steps)
+                       for name in ("commit", "edit", "remask", "insert", "delete")}
+            counted = {"commit": row.commits, "edit": row.edits, "remask": row.remasks, "insert": row.inserts,
+                       "delete": row.deletes}
+            assert counted == recount, (
+                f"{self._who(policy)}: row {r}'s counters {counted} differ from the recount of its recorded steps "
+                f"{recount} (a selection changed after the write was counted?)")
         worst = max(per_block.items(), key=lambda kv: kv[1], default=((0, 0), 0))
         assert worst[1] <= bound + budget, (
             f"{self._who(policy)}: row {worst[0][0]} took {worst[1]} forwards in block {worst[0][1]}, over the "
