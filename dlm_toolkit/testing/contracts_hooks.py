@@ -9,10 +9,11 @@ rules' ``step_hooks`` ask for it)::
         hook_type = FreezeFirst                        # optional: the hook class policy.hooks must hold
 
         def policy_config(self):                       # anything DecodingPolicy(...) accepts
-            return {"m2t": {"name": "threshold"}, "t2t": {"name": "freeze_first_threshold"}}
+            return {"m2t": {"name": "threshold"}, "t2t": {"name": "freeze_first"},
+                    "blocks": {"name": "semi_ar", "params": {"block_length": 8}}}
 
         def baseline_config(self):                     # optional: the same policy without the hook
-            return {"m2t": {"name": "threshold"}, "t2t": {"name": "threshold"}}
+            return {**self.policy_config(), "t2t": {"name": "threshold"}}
 
 Every ``test_*`` method decodes the contract's :attr:`~StepHookContract.prompts` (three rows of
 different lengths) with a tiny random LLaDA2 model (:func:`~dlm_toolkit.testing.tiny_llada2`,
