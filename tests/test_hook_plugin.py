@@ -1,8 +1,7 @@
 """A plug-in step hook written only from README's hook paragraph ("Write a strategy"): a T2T rule that
 asks for a hook freezing the first position of the active block (never edited, never remasked once
-written), with the contract the README gives (batch = alone, KV cache on = off, a near miss without the
-hook), plus the hook machinery itself (dlm_toolkit.hooks): stages collected once, bound budgets added,
-refusals at policy build."""
+written), checked with the contract suite the README gives (StepHookContract), plus the hook machinery
+itself (dlm_toolkit.hooks): stages collected once, bound budgets added, refusals at policy build."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pytest
 
 from dlm_toolkit import T2T, ConfigError, DecodingPolicy, decode
 from dlm_toolkit.hooks import HookStages, StepHook
-from dlm_toolkit.testing import tiny_llada2
+from dlm_toolkit.testing import StepHookContract, tiny_llada2
 from strategies.t2t_threshold import ThresholdEdit
 
 BL = 8
@@ -71,21 +70,28 @@ def first_edits(result) -> list[int]:
     return [p for s in result.trajectory.steps for p in s.edit + s.remask if p % BL == 0]
 
 
-def test_the_freeze_hook_keeps_block_starts_and_is_batch_and_cache_invariant():
+class TestFreezeFirst(StepHookContract):
+    """The README's contract suite for the hook: collected, no state, batch = alone (temperature 0 and 1),
+    KV cache on = off, check_every 1 = 3, compiled = eager, forward budget, near miss without it."""
+
+    hook_type = FreezeFirst
+    prompts = PROMPTS
+
+    def policy_config(self):
+        return policy(registered(FreezeFirstThreshold, "_freeze_first_threshold")).config
+
+    def baseline_config(self):
+        return policy("threshold").config
+
+
+def test_the_freeze_hook_keeps_block_starts():
     model = tiny_llada2(seed=2)
     frozen = policy(registered(FreezeFirstThreshold, "_freeze_first_threshold"))
-    assert [type(h) for h in frozen.hooks] == [FreezeFirst]
     got = decode(model, PROMPTS, frozen, 24, record=True)
     # near miss: the same edits without the hook do touch block starts (else this test checks nothing)
     plain = decode(model, PROMPTS, policy("threshold"), 24, record=True)
     assert first_edits(plain), "no edit at a block start without the hook: pick another seed"
     assert first_edits(got) == []
-    assert got.tokens != plain.tokens  # the frozen starts change what follows
-    for i, prompt in enumerate(PROMPTS):
-        alone = decode(model, [prompt], frozen, 24)
-        assert alone.tokens[0] == got.tokens[i] and alone.rows[0].nfe == got.rows[i].nfe
-    uncached = decode(model, PROMPTS, frozen, 24, kv_cache=False)
-    assert uncached.tokens == got.tokens and [r.nfe for r in uncached.rows] == [r.nfe for r in got.rows]
 
 
 def test_a_rule_whose_step_hooks_are_not_hooks_is_refused_naming_it():
@@ -133,3 +139,27 @@ def test_two_rules_reading_the_shadow_block_share_one_hook_named_after_the_first
     assert [(type(h), h.name) for h in both.hooks] == [(ShadowHook, "m2t rule '_shadow_wide_in'")]
     one = DecodingPolicy("llada2.1-q", **{"m2t.name": "wino", "remask.name": "wino_shadow"})  # near miss
     assert [h.name for h in one.hooks] == ["remask rule 'wino_shadow'"]
+
+
+def test_the_readme_hook_example_passes_its_contract_suite():
+    """README's whole hook example, run as written: its suite's checks pass (compiled = eager and the
+    temperature-1 batch check run above on the same hook, TestFreezeFirst)."""
+    import re
+    from pathlib import Path
+
+    from dlm_toolkit.strategy.registry import REGISTRIES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.+?)```", readme, re.S) if "(StepHookContract)" in b]
+    space: dict = {"__name__": "readme_hook_example"}
+    try:
+        exec(compile(block, "README.md", "exec"), space)
+        suite = space["TestFreezeFirst"]()
+        assert [type(h) for h in suite.make_policy().hooks] == [space["FreezeFirst"]]
+        for check in ("test_hook_is_collected_and_valid", "test_keeps_no_state", "test_kv_cache_and_check_every_invariant",
+                      "test_declared_outputs_are_set_as_declared", "test_forward_budget_holds_and_counters_recount",
+                      "test_near_miss_without_the_hook"):
+            getattr(suite, check)()
+        suite.test_batch_invariant(0.0)
+    finally:
+        REGISTRIES["t2t"]._entries.pop("freeze_first", None)  # other files list the registered rules

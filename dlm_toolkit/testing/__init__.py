@@ -7,7 +7,7 @@ from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits, table_logits
 
 __all__ = ["tiny_llada2", "tiny_llada2_config", "make_context", "HostSyncs", "ScriptedLM", "mixing_logits", "table_logits",
            "UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
-           "DynamicBlockScheduleContract", "VerifierContract", "IndelContract"]
+           "DynamicBlockScheduleContract", "VerifierContract", "IndelContract", "StepHookContract"]
 
 _CONTRACTS = ("UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "BlockScheduleContract",
               "DynamicBlockScheduleContract", "VerifierContract", "IndelContract")
@@ -15,6 +15,10 @@ _CONTRACTS = ("UnmaskRuleContract", "EditRuleContract", "RemaskRuleContract", "B
 
 def __getattr__(name: str):
     """The contract suites import pytest, so they load on first use only."""
+    if name == "StepHookContract":
+        from dlm_toolkit.testing.contracts_hooks import StepHookContract
+
+        return StepHookContract
     if name in _CONTRACTS:
         from dlm_toolkit.testing import contracts
 
