@@ -57,7 +57,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.step.flags import DeviceFlag
+from dlm_toolkit.step.flags import DeviceFlag, StrategyError
 from dlm_toolkit.strategy.base import Declared, HookOutputs, Output, hook_label
 
 if TYPE_CHECKING:
@@ -235,6 +235,9 @@ def _as_writer(hook: StepHook, stage: str) -> Callable[..., None]:
             ctx.hooks.writer = None
         for sel, old in zip(SELECTIONS, before):
             if old is not None and getattr(ctx, sel) is not old:  # identity only: no host read
+                if stage == "after_write":  # the canvas and the counters already hold the old selection
+                    raise StrategyError(f"{who} replaced ctx.{sel} in after_write, after the step wrote it (the canvas "
+                                        "and the counters hold the rules' selection): change selections in after_rules")
                 ctx.replaced.append((who, sel, old))
 
     run.__qualname__ = f"{type(hook).__qualname__}.{stage}"
