@@ -101,6 +101,7 @@ class StepEngine:
         self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
         self.cache_group: torch.Tensor | None = None
         self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
+        self.empty = torch.zeros(0, dtype=torch.long, device=state.device)
         self.canvas_pos = torch.arange(self.length, device=state.device).expand(n, -1)  # (N, L)
         if cached:
             key = ("kv", n, self.length)
@@ -117,24 +118,30 @@ class StepEngine:
         s, blocks = self.state, self.blocks
         if s.flags is None or s.flags.table is None:  # the first read: the policy's table of flags
             board(s).adopt(checks.policy.flags)
-        zero = torch.zeros((), dtype=torch.long, device=s.device)
         if self.cached:
             assert s.cache_len is not None
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             start = s.cache_len if self.prefilled else boundary
-            s.flags.set(BAD_CACHE, live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo)), source=self)
-            span = torch.where(live, hi - start, 0).max()
-            prefill_to = torch.where(live, boundary, 0).max()
+            bad_cache = live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))
+            # span, prefill_to and (trim) needed: one masked max over the live rows
+            wanted = [hi - start, boundary] + ([start] if self.trim and not self.full else [])
         else:
-            span, prefill_to = zero, zero
-        s.flags.set(TOO_WIDE, live & (hi - lo > self.window_width), source=self)
-        s.flags.set(OVERFLOW, self.overflow.expand(s.batch_size), source=self)
-        needed = torch.where(live, start if self.cached else hi, 0).max() if self.trim and not self.full else zero
-        head = torch.stack([live.any().long(), span, prefill_to, needed])
-        rows = live.long() if self.trim else zero[None][:0]
+            bad_cache = torch.zeros_like(live)
+            wanted = [hi] if self.trim and not self.full else []
+        # the engine's three flags in one slab: one update per read instead of three
+        s.flags.set_many(ENGINE_FLAGS, torch.stack(
+            [bad_cache, live & (hi - lo > self.window_width), self.overflow.expand(s.batch_size)], 1), source=self)
+        maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
+        head = torch.cat([live.any()[None], maxes])  # bools promote to long in the cat
+        rows = live if self.trim else self.empty
         host = torch.cat([head, rows, *s.flags.pending()]).tolist()
+        if self.cached:
+            any_live, span_n, prefill_n = host[:3]
+            needed_n = host[3] if len(wanted) == 3 else 0
+        else:
+            any_live, span_n, prefill_n = host[0], 0, 0
+            needed_n = host[1] if wanted else 0
         n_head = len(head)
-        any_live, span_n, prefill_n, needed_n = host[:n_head]
         s.flags.raise_first(host[n_head + len(rows):], s)
         checks.forget()
         if self.trim:
@@ -280,13 +287,14 @@ class StepEngine:
         width; ``(segment, first, boundary)``: ``first`` (N, 1) the span's start (negative: left
         padding), ``boundary`` (N,) the schedule's cache boundary (``None`` without the cache)."""
         s, blocks = self.state, self.blocks
-        width = self.width if self.fresh or not self.cached else max(self.width, self.window_width + self.block_length)
-        self.fresh = False
+        fresh, self.fresh = self.fresh, False
+        width = self.width if fresh or not self.cached else max(self.width, self.window_width + self.block_length)
         if self.cached:  # the span ends at the window's end; before the cached length is padding
             assert s.cache_len is not None
             pos = hi[:, None] - width + self.arange(width)
             real = live[:, None] & (pos >= s.cache_len[:, None])
-            self.overflow |= (live & (hi - s.cache_len > width)).any()
+            if not fresh:  # right after a read the width holds the widest live span (read): no overflow
+                self.overflow |= (live & (hi - s.cache_len > width)).any()
         elif self.full:  # the row's whole canvas, left-padded so its last query is real
             pos = s.length[:, None] - self.length + self.canvas_pos
             real = live[:, None] & (pos >= 0)

@@ -283,4 +283,6 @@ def pending_payload(state: Any, flag: DeviceFlag) -> torch.Tensor | None:
     if b is None or flag.name not in b.columns:
         return None
     key, _ = b.columns[flag.name]
+    if key != flag.name:  # a slab of payload-free flags set together (set_many): no payload columns
+        return b.slabs[key][:, :0]
     return b.slabs[key][:, 1:]
