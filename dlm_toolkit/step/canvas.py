@@ -33,11 +33,12 @@ def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Ten
     return at_pos, (at_pos - ctx.positions[:, :1]).clamp(0, ctx.positions.shape[1] - 1)
 
 
-def written_window(ctx: StepContext) -> torch.Tensor:
+def written_window(ctx: StepContext, wrote: torch.Tensor | None = None) -> torch.Tensor:
     """(B, W) long: the window's tokens as this step's write leaves them (commits and edits written,
-    remasks applied; :func:`write_step` stores exactly this); ``ctx.tokens`` are the tokens before the step."""
+    remasks applied; :func:`write_step` stores exactly this); ``ctx.tokens`` are the tokens before the step.
+    ``wrote``: ``ctx.commit | ctx.edit`` when the caller has it."""
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
-    wrote = torch.where(ctx.commit | ctx.edit, ctx.sampled, ctx.tokens)
+    wrote = torch.where(ctx.commit | ctx.edit if wrote is None else wrote, ctx.sampled, ctx.tokens)
     return wrote.masked_fill(ctx.remask, ctx.mask_token_id)
 
 
@@ -75,18 +76,21 @@ def write_step(state: DecodeState, ctx: StepContext) -> None:
     rows, live = ctx.rows, ctx.live
     every = rows is state.all_rows  # the decode loop's context: no gathers or scatters by row
     wrote = ctx.commit | ctx.edit
-    step = state.counts[:, :1] if every else state.nfe[rows, None]
-    write_window(state, ctx, written_window(ctx),
+    step = state.counts.narrow(1, 0, 1) if every else state.nfe[rows, None]
+    write_window(state, ctx, written_window(ctx, wrote),
                  torch.where(wrote, step, ctx.written_step).masked_fill_(ctx.remask, -1),
                  torch.where(wrote, ctx.confidence, ctx.written_conf).masked_fill_(ctx.remask, 0.0))
     n_commit, n_edit, n_remask = ctx.commit.sum(1), ctx.edit.sum(1), ctx.remask.sum(1)
     # one row per context row, the first eight COUNTERS (forward_tokens: counted by the forwards;
-    # inserts, deletes: by write_shift); bools promote to long in the stack
+    # inserts, deletes: by write_shift); bools promote to long in the stack. A row that is not live
+    # has no valid slot, so no region holds a selection of it and its commits/edits/remasks are 0
+    # (a rule that selects there anyway fails the step checks, raised at the next read); ctx.post
+    # holds live rows only: only the block start needs the live mask.
     step_counts = torch.stack([live, n_commit, n_edit, n_remask, n_commit >= 2, ctx.post, ctx.post & (n_edit > 0),
-                               ctx.block_step == 0], 1) * live[:, None]
-    net = (n_commit - n_remask) * live  # commits and remasks stay in the block
+                               live & (ctx.block_step == 0)], 1)
+    net = n_commit - n_remask  # commits and remasks stay in the block
     if every:
-        state.counts[:, :len(STEP_COUNTERS)] += step_counts
+        state.counts.narrow(1, 0, len(STEP_COUNTERS)).add_(step_counts)
         state.block_masked -= net
         state.block_step += live
         return

@@ -88,6 +88,7 @@ class StepEngine:
         # canvas up to the furthest window end: the same logits for every real query, with less work.
         self.trim = trim
         self.live_rows: torch.Tensor | None = None  # (trim) the rows live in the next forward
+        self.row_sets: dict[tuple[int, ...], torch.Tensor] = {}
         self.needed = 0  # (trim) cache columns (cache on) or canvas positions (cache off) the next forward needs
         n, self.length = state.canvas.shape
         self.window_width, self.block_length = blocks.window_width(), blocks.block_length
@@ -122,7 +123,10 @@ class StepEngine:
             assert s.cache_len is not None
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             start = s.cache_len if self.prefilled else boundary
-            bad_cache = live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))
+            if boundary is lo:  # the default boundary (the window start): the three tests are one
+                bad_cache = live & (lo < s.cache_len)
+            else:
+                bad_cache = live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))
             # span, prefill_to and (trim) needed: one masked max over the live rows
             wanted = [hi - start, boundary] + ([start] if self.trim and not self.full else [])
         else:
@@ -143,11 +147,14 @@ class StepEngine:
             needed_n = host[1] if wanted else 0
         n_head = len(head)
         s.flags.raise_first(host[n_head + len(rows):], s)
+        s.flags.consumed()
         checks.forget()
         if self.trim:
             self.needed = needed_n
-            self.live_rows = torch.tensor([r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x],
-                                          device=s.device)
+            keep = tuple(r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x)
+            self.live_rows = self.row_sets.get(keep)
+            if self.live_rows is None:  # one tensor per set of live rows (a decode sees few)
+                self.live_rows = self.row_sets[keep] = torch.tensor(keep, dtype=torch.long, device=s.device)
         if not any_live:
             return False
         if not self.prefilled:
@@ -251,7 +258,7 @@ class StepEngine:
             logits = run(*args)
         s.model_time += perf_counter() - t0
         s.forward_calls += 1
-        s.counts[:, FORWARD_TOKENS] += real.sum(1)
+        s.counts.select(1, FORWARD_TOKENS).add_(real.sum(1))
         if nfe_rows is not None:
             s.counts[:, 0] += nfe_rows.long()  # nfe
             s.block_step += nfe_rows.long()
@@ -310,7 +317,8 @@ class StepEngine:
         if self.cached:
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             write = real & (pos < boundary[:, None])
-        group = self.groups(pos)
+        # pos is clamped onto the canvas already: the default groups are a plain lookup
+        group = None if self.full else self.cache_groups().gather(1, pos) if self.static_groups else self.groups(pos)
         own = None
         if not self.cached and not self.full and self.static_groups:
             own = self.prefix_pattern(pos, real, hi, group)
