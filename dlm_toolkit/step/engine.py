@@ -115,6 +115,7 @@ class StepEngine:
         self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
         self.cache_group: torch.Tensor | None = None
         self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
+        self.overflow_rows = self.overflow.expand(n)  # a view: window() ORs into self.overflow in place
         self.empty = torch.zeros(0, dtype=torch.long, device=state.device)
         self.canvas_pos = torch.arange(self.length, device=state.device).expand(n, -1)  # (N, L)
         if cached:
@@ -148,19 +149,22 @@ class StepEngine:
             wanted = [hi] if self.trim and not self.full else []
         # the engine's three flags in one slab: one update per read instead of three
         s.flags.set_many(ENGINE_FLAGS, torch.stack(
-            [bad_cache, live & (hi - lo > self.window_width), self.overflow.expand(s.batch_size)], 1), source=self)
+            [bad_cache, live & (hi - lo > self.window_width), self.overflow_rows], 1), source=self)
         maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
-        head = torch.cat([live.any()[None], maxes])  # bools promote to long in the cat
+        # bools promote to long in the cat; (trim) whether any row is live is in the rows read anyway
+        head = maxes if self.trim else torch.cat([live.any()[None], maxes])
         rows = live if self.trim else self.empty
         # (reuse) the step forward's layout key: every row's window end, cached length and boundary
         key_parts = [hi, s.cache_len, boundary] if self.reuse else []
         host = torch.cat([head, rows, *key_parts, *s.flags.pending()]).tolist()
+        at = 0 if self.trim else 1
+        any_live = None if self.trim else host[0]
         if self.cached:
-            any_live, span_n, prefill_n = host[:3]
-            needed_n = host[3] if len(wanted) == 3 else 0
+            span_n, prefill_n = host[at:at + 2]
+            needed_n = host[at + 2] if len(wanted) == 3 else 0
         else:
-            any_live, span_n, prefill_n = host[0], 0, 0
-            needed_n = host[1] if wanted else 0
+            span_n, prefill_n = 0, 0
+            needed_n = host[at] if wanted else 0
         n_head, n = len(head), s.batch_size
         n_key = n_head + len(rows)
         s.flags.raise_first(host[n_key + len(key_parts) * n:], s)
@@ -169,6 +173,7 @@ class StepEngine:
         if self.trim:
             self.needed = needed_n
             keep = tuple(r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x)
+            any_live = bool(keep)
             self.live_rows = self.row_sets.get(keep)
             if self.live_rows is None:  # one tensor per set of live rows (a decode sees few)
                 self.live_rows = self.row_sets[keep] = torch.tensor(keep, dtype=torch.long, device=s.device)

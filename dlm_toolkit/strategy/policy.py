@@ -180,17 +180,18 @@ class StepChecks:
         n_commit, n_remask = ctx.commit.sum(1), ctx.remask.sum(1)
         every = ctx.rows is state.all_rows
         over = (state.block_step if every else state.block_step[ctx.rows]) > self.limit
-        outside = torch.stack([ctx.commit > ctx.fillable, ctx.edit > ctx.editable, ctx.remask > remaskable(ctx)],
-                              1).any(2)
         verify = []
-        if self.verify:
-            verified = ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)
-            verify = [(verified & over)[:, None]]
-        hits = torch.cat([
-            outside,
-            torch.stack([has_masks & (n_commit == 0), has_masks & (n_remask >= n_commit.clamp(min=1))], 1),
-            *verify,  # a verification forward past the bound
-            torch.stack([ctx.live & over, (ctx.valid > torch.isfinite(ctx.confidence)).any(1)], 1),
+        if self.verify:  # a verification forward past the bound
+            verify = [(ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)) & over]
+        hits = torch.stack([  # one column per flag of self.flags, in CHECKS' order
+            (ctx.commit > ctx.fillable).any(1),
+            (ctx.edit > ctx.editable).any(1),
+            (ctx.remask > remaskable(ctx)).any(1),
+            has_masks & (n_commit == 0),
+            has_masks & (n_remask >= n_commit.clamp(min=1)),
+            *verify,
+            ctx.live & over,
+            (ctx.valid > torch.isfinite(ctx.confidence)).any(1),
         ], 1)
         flags = board(state)
         if ctx.rows.shape[0] != flags.rows:  # a context of some rows: their checks in their batch rows
