@@ -33,7 +33,7 @@ class SemiAutoregressive(BlockSchedule):
         return torch.zeros_like(prompt_len), prompt_len // bl, -(-(prompt_len + gen_length) // bl)
 
     def prepare(self, state: DecodeState) -> torch.Tensor:
-        no_mask = (state.block_masked == 0) & ~state.done
+        no_mask = (state.block_masked == 0) > state.done  # on bools a > b is a & ~b
         state.post = state.post + no_mask  # a bool adds as 0/1
         over = no_mask & (state.post > self.config.max_post_steps)  # checked before the forward
         state.advance_blocks(over, self.config.eos_early_stop)
@@ -45,7 +45,7 @@ class SemiAutoregressive(BlockSchedule):
         return state.block_bounds(rows)
 
     def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
-        converged = ctx.post & ~ctx.edit.any(1)
+        converged = ctx.post > ctx.edit.any(1)  # on bools a > b is a & ~b
         # a context of every row in order (the decode loop's) needs no scatter onto the batch
         ending = converged if ctx.rows is state.all_rows else torch.zeros_like(state.done).index_put_(
             (ctx.rows,), converged)

@@ -21,6 +21,9 @@ from dlm_toolkit.step.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy.base import StepContext
 
 INSERTS, DELETES = COUNTERS.index("inserts"), COUNTERS.index("deletes")
+STEP_COUNTERS = COUNTERS[:8]  # what write_step counts, in this order
+assert STEP_COUNTERS == ("nfe", "commits", "edits", "remasks", "multi_commit_steps", "post_forwards",
+                         "post_forwards_with_edit", "blocks_decoded")
 
 
 def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,11 +33,12 @@ def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Ten
     return at_pos, (at_pos - ctx.positions[:, :1]).clamp(0, ctx.positions.shape[1] - 1)
 
 
-def written_window(ctx: StepContext) -> torch.Tensor:
+def written_window(ctx: StepContext, wrote: torch.Tensor | None = None) -> torch.Tensor:
     """(B, W) long: the window's tokens as this step's write leaves them (commits and edits written,
-    remasks applied; :func:`write_step` stores exactly this); ``ctx.tokens`` are the tokens before the step."""
+    remasks applied; :func:`write_step` stores exactly this); ``ctx.tokens`` are the tokens before the step.
+    ``wrote``: ``ctx.commit | ctx.edit`` when the caller has it."""
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
-    wrote = torch.where(ctx.commit | ctx.edit, ctx.sampled, ctx.tokens)
+    wrote = torch.where(ctx.commit | ctx.edit if wrote is None else wrote, ctx.sampled, ctx.tokens)
     return wrote.masked_fill(ctx.remask, ctx.mask_token_id)
 
 
@@ -51,6 +55,11 @@ def write_window(state: DecodeState, ctx: StepContext, tokens: torch.Tensor, wri
     """Write the whole window of ``ctx``: tokens and provenance, each (B, W) (module docstring:
     padding slots carry the value of the slot of the position they clamp onto)."""
     at_pos, same = window_slots(ctx, state.canvas.shape[1])
+    if ctx.rows is state.all_rows:  # every row in order: a scatter along the row (repeated slots carry one value)
+        state.canvas.scatter_(1, at_pos, tokens.gather(1, same))
+        state.written_step.scatter_(1, at_pos, written_step.gather(1, same))
+        state.written_conf.scatter_(1, at_pos, written_conf.gather(1, same))
+        return
     at = (ctx.rows[:, None], at_pos)
     state.canvas[at] = tokens.gather(1, same)
     state.written_step[at] = written_step.gather(1, same)
@@ -65,30 +74,28 @@ def write_step(state: DecodeState, ctx: StepContext) -> None:
     """
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
     rows, live = ctx.rows, ctx.live
+    every = rows is state.all_rows  # the decode loop's context: no gathers or scatters by row
     wrote = ctx.commit | ctx.edit
-    step = state.nfe[rows, None]
-    write_window(state, ctx, written_window(ctx),
-                 torch.where(ctx.remask, -1, torch.where(wrote, step, ctx.written_step)),
-                 torch.where(ctx.remask, 0.0, torch.where(wrote, ctx.confidence, ctx.written_conf)))
-    n_commit = ctx.commit.sum(1)
-    step_counts = torch.stack(  # one row per context row, columns as COUNTERS
-        [
-            torch.ones_like(n_commit),
-            n_commit,
-            ctx.edit.sum(1),
-            ctx.remask.sum(1),
-            (n_commit >= 2).long(),
-            ctx.post.long(),
-            (ctx.post & ctx.edit.any(1)).long(),
-            (ctx.block_step == 0).long(),
-            torch.zeros_like(n_commit),  # forward_tokens: counted by the forwards
-            torch.zeros_like(n_commit),  # inserts, deletes: counted by write_shift
-            torch.zeros_like(n_commit),
-        ],
-        dim=1,
-    ) * live[:, None]
-    state.counts.index_add_(0, rows, step_counts)
-    state.block_masked[rows] -= step_counts[:, 1] - step_counts[:, 3]  # commits and remasks stay in the block
+    step = state.counts.narrow(1, 0, 1) if every else state.nfe[rows, None]
+    write_window(state, ctx, written_window(ctx, wrote),
+                 torch.where(wrote, step, ctx.written_step).masked_fill_(ctx.remask, -1),
+                 torch.where(wrote, ctx.confidence, ctx.written_conf).masked_fill_(ctx.remask, 0.0))
+    n_commit, n_edit, n_remask = ctx.commit.sum(1), ctx.edit.sum(1), ctx.remask.sum(1)
+    # one row per context row, the first eight COUNTERS (forward_tokens: counted by the forwards;
+    # inserts, deletes: by write_shift); bools promote to long in the stack. A row that is not live
+    # has no valid slot, so no region holds a selection of it and its commits/edits/remasks are 0
+    # (a rule that selects there anyway fails the step checks, raised at the next read); ctx.post
+    # holds live rows only: only the block start needs the live mask.
+    step_counts = torch.stack([live, n_commit, n_edit, n_remask, n_commit >= 2, ctx.post, ctx.post & (n_edit > 0),
+                               live & (ctx.block_step == 0)], 1)
+    net = n_commit - n_remask  # commits and remasks stay in the block
+    if every:
+        state.counts.narrow(1, 0, len(STEP_COUNTERS)).add_(step_counts)
+        state.block_masked -= net
+        state.block_step += live
+        return
+    state.counts[:, :len(STEP_COUNTERS)].index_add_(0, rows, step_counts)
+    state.block_masked[rows] -= net
     state.block_step[rows] += live.long()
 
 

@@ -88,6 +88,20 @@ class StepEngine:
         # canvas up to the furthest window end: the same logits for every real query, with less work.
         self.trim = trim
         self.live_rows: torch.Tensor | None = None  # (trim) the rows live in the next forward
+        self.row_sets: dict[tuple[int, ...], torch.Tensor] = {}
+        # Reuse (trim, cache on, default groups, no appended segments): the step forward's positions,
+        # real and written slots, groups and attention mask depend only on its width, the cache columns
+        # it takes, the live rows and each row's window end, cached length and cache boundary, all of
+        # which the read (every step here) brings to the host; while they stay the same (the steps of
+        # a block) the forward takes them from the previous step and gathers only the ids.
+        self.reuse = (trim and cached and model.attention != "full" and not self.segment_hooks
+                      and getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups)
+        self.layout_key: tuple | None = None  # (reuse) the read's key of the next step forward
+        self.cache_moves = True  # (reuse) some live row's cache boundary is past its cached length
+        self.saved_key: tuple | None = None  # (reuse) the key of the saved layout
+        self.saved_window: tuple[torch.Tensor, ...] = ()  # (reuse) pos, real, group, write, first
+        self.saved_run: tuple[torch.Tensor, ...] = ()  # (reuse) the mask with the cache columns, writes, tokens per row
+        self.hit = False  # (reuse) this step forward takes the saved layout
         self.needed = 0  # (trim) cache columns (cache on) or canvas positions (cache off) the next forward needs
         n, self.length = state.canvas.shape
         self.window_width, self.block_length = blocks.window_width(), blocks.block_length
@@ -101,6 +115,8 @@ class StepEngine:
         self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
         self.cache_group: torch.Tensor | None = None
         self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
+        self.overflow_rows = self.overflow.expand(n)  # a view: window() ORs into self.overflow in place
+        self.empty = torch.zeros(0, dtype=torch.long, device=state.device)
         self.canvas_pos = torch.arange(self.length, device=state.device).expand(n, -1)  # (N, L)
         if cached:
             key = ("kv", n, self.length)
@@ -115,32 +131,52 @@ class StepEngine:
         the hooks' flags, the engine's own); False when no row is live; else choose the next
         forward's width (and prefill the KV cache before the first step)."""
         s, blocks = self.state, self.blocks
+        prefilled = self.prefilled
         if s.flags is None or s.flags.table is None:  # the first read: the policy's table of flags
             board(s).adopt(checks.policy.flags)
-        zero = torch.zeros((), dtype=torch.long, device=s.device)
         if self.cached:
             assert s.cache_len is not None
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             start = s.cache_len if self.prefilled else boundary
-            s.flags.set(BAD_CACHE, live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo)), source=self)
-            span = torch.where(live, hi - start, 0).max()
-            prefill_to = torch.where(live, boundary, 0).max()
+            if boundary is lo:  # the default boundary (the window start): the three tests are one
+                bad_cache = live & (lo < s.cache_len)
+            else:
+                bad_cache = live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))
+            # span, prefill_to and (trim) needed: one masked max over the live rows
+            wanted = [hi - start, boundary] + ([start] if self.trim and not self.full else [])
         else:
-            span, prefill_to = zero, zero
-        s.flags.set(TOO_WIDE, live & (hi - lo > self.window_width), source=self)
-        s.flags.set(OVERFLOW, self.overflow.expand(s.batch_size), source=self)
-        needed = torch.where(live, start if self.cached else hi, 0).max() if self.trim and not self.full else zero
-        head = torch.stack([live.any().long(), span, prefill_to, needed])
-        rows = live.long() if self.trim else zero[None][:0]
-        host = torch.cat([head, rows, *s.flags.pending()]).tolist()
-        n_head = len(head)
-        any_live, span_n, prefill_n, needed_n = host[:n_head]
-        s.flags.raise_first(host[n_head + len(rows):], s)
+            bad_cache = torch.zeros_like(live)
+            wanted = [hi] if self.trim and not self.full else []
+        # the engine's three flags in one slab: one update per read instead of three
+        s.flags.set_many(ENGINE_FLAGS, torch.stack(
+            [bad_cache, live & (hi - lo > self.window_width), self.overflow_rows], 1), source=self)
+        maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
+        # bools promote to long in the cat; (trim) whether any row is live is in the rows read anyway
+        head = maxes if self.trim else torch.cat([live.any()[None], maxes])
+        rows = live if self.trim else self.empty
+        # (reuse) the step forward's layout key: every row's window end, cached length and boundary
+        key_parts = [hi, s.cache_len, boundary] if self.reuse else []
+        host = torch.cat([head, rows, *key_parts, *s.flags.pending()]).tolist()
+        at = 0 if self.trim else 1
+        any_live = None if self.trim else host[0]
+        if self.cached:
+            span_n, prefill_n = host[at:at + 2]
+            needed_n = host[at + 2] if len(wanted) == 3 else 0
+        else:
+            span_n, prefill_n = 0, 0
+            needed_n = host[at] if wanted else 0
+        n_head, n = len(head), s.batch_size
+        n_key = n_head + len(rows)
+        s.flags.raise_first(host[n_key + len(key_parts) * n:], s)
+        s.flags.consumed()
         checks.forget()
         if self.trim:
             self.needed = needed_n
-            self.live_rows = torch.tensor([r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x],
-                                          device=s.device)
+            keep = tuple(r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x)
+            any_live = bool(keep)
+            self.live_rows = self.row_sets.get(keep)
+            if self.live_rows is None:  # one tensor per set of live rows (a decode sees few)
+                self.live_rows = self.row_sets[keep] = torch.tensor(keep, dtype=torch.long, device=s.device)
         if not any_live:
             return False
         if not self.prefilled:
@@ -148,6 +184,11 @@ class StepEngine:
         if self.cached:  # the narrowest of W, W + block, or whole blocks that holds the span
             w, bl = self.window_width, self.block_length
             self.width = w if span_n <= w else max(w + bl, -(-span_n // bl) * bl)
+        if self.reuse:
+            live_n, his, lens, bounds = (tuple(host[at:at + n]) for at in range(n_head, n_key + 3 * n, n))
+            # not before the prefill: it moved the cached lengths after they were read
+            self.layout_key = (self.width, self.needed, live_n, his, lens, bounds) if prefilled else None
+            self.cache_moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
         self.fresh = True
         return True
 
@@ -226,6 +267,37 @@ class StepEngine:
         (the step forward of an eager decode that reads every step): only the rows live in the
         read and the cache columns some row filled."""
         s = self.state
+        saved = self.saved_run if trim and self.hit else ()
+        self.hit = False
+        if saved:  # the step forward's layout of the previous step (__init__): the new ids only
+            ids, pos = segments[0].ids, segments[0].pos
+            with_cache, writes, tokens = saved
+            args: tuple[torch.Tensor, ...] = (ids, pos, with_cache, writes)
+        else:
+            args, tokens = self.arguments(segments, trim)
+            if trim and self.reuse and self.saved_key is not None:
+                self.saved_run = (args[2], args[3], tokens)
+        run = self.runner(args[1].shape[1])
+        t0 = perf_counter()
+        if trim and self.live_rows is not None and len(self.live_rows) < s.batch_size:
+            logits = self.forward_rows(self.live_rows, args)
+        else:
+            logits = run(*args)
+        s.model_time += perf_counter() - t0
+        s.forward_calls += 1
+        s.counts.select(1, FORWARD_TOKENS).add_(tokens)
+        if nfe_rows is not None:
+            s.counts[:, 0] += nfe_rows.long()  # nfe
+            s.block_step += nfe_rows.long()
+        if len(segments) == 1:
+            return [logits]
+        return list(logits.split([seg.width for seg in segments], 1))
+
+    def arguments(self, segments: list[Segment], trim: bool) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The model's arguments for a forward over ``segments`` (ids, positions, the attention mask
+        with the KV-cache columns first, the cache writes; without the cache the first three) and
+        the real slots of each row (``forward_tokens``)."""
+        s = self.state
         ids, pos, allowed = layout(segments, self.eye(sum(seg.width for seg in segments)))
         real = torch.cat([seg.real for seg in segments], 1) if len(segments) > 1 else segments[0].real
         if self.cached:
@@ -236,21 +308,7 @@ class StepEngine:
             args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), cache_writes(segments))
         else:
             args = (ids, pos, allowed)
-        run = self.runner(pos.shape[1])
-        t0 = perf_counter()
-        if trim and self.live_rows is not None and len(self.live_rows) < s.batch_size:
-            logits = self.forward_rows(self.live_rows, args)
-        else:
-            logits = run(*args)
-        s.model_time += perf_counter() - t0
-        s.forward_calls += 1
-        s.counts[:, FORWARD_TOKENS] += real.sum(1)
-        if nfe_rows is not None:
-            s.counts[:, 0] += nfe_rows.long()  # nfe
-            s.block_step += nfe_rows.long()
-        if len(segments) == 1:
-            return [logits]
-        return list(logits.split([seg.width for seg in segments], 1))
+        return args, real.sum(1)
 
     def extra_forward(self, segments: Sequence[Segment], rows: torch.Tensor) -> list[torch.Tensor]:
         """A forward of its own for a hook (e.g. a verification): ``segments`` as :meth:`run` lays
@@ -280,13 +338,20 @@ class StepEngine:
         width; ``(segment, first, boundary)``: ``first`` (N, 1) the span's start (negative: left
         padding), ``boundary`` (N,) the schedule's cache boundary (``None`` without the cache)."""
         s, blocks = self.state, self.blocks
-        width = self.width if self.fresh or not self.cached else max(self.width, self.window_width + self.block_length)
-        self.fresh = False
+        self.hit = self.reuse and self.layout_key is not None and self.layout_key == self.saved_key
+        if self.hit:  # the same layout as the previous step forward (__init__): only the ids are new
+            self.fresh = False
+            pos, real, group, write, first = self.saved_window
+            boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
+            return Segment(s.canvas.gather(1, pos), pos, real, group, write=write), first, boundary
+        fresh, self.fresh = self.fresh, False
+        width = self.width if fresh or not self.cached else max(self.width, self.window_width + self.block_length)
         if self.cached:  # the span ends at the window's end; before the cached length is padding
             assert s.cache_len is not None
             pos = hi[:, None] - width + self.arange(width)
             real = live[:, None] & (pos >= s.cache_len[:, None])
-            self.overflow |= (live & (hi - s.cache_len > width)).any()
+            if not fresh:  # right after a read the width holds the widest live span (read): no overflow
+                self.overflow |= (live & (hi - s.cache_len > width)).any()
         elif self.full:  # the row's whole canvas, left-padded so its last query is real
             pos = s.length[:, None] - self.length + self.canvas_pos
             real = live[:, None] & (pos >= 0)
@@ -302,10 +367,14 @@ class StepEngine:
         if self.cached:
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             write = real & (pos < boundary[:, None])
-        group = self.groups(pos)
+        # pos is clamped onto the canvas already: the default groups are a plain lookup
+        group = None if self.full else self.cache_groups().gather(1, pos) if self.static_groups else self.groups(pos)
         own = None
         if not self.cached and not self.full and self.static_groups:
             own = self.prefix_pattern(pos, real, hi, group)
+        if self.reuse:
+            assert write is not None and group is not None
+            self.saved_key, self.saved_window, self.saved_run = self.layout_key, (pos, real, group, write, first), ()
         return Segment(s.canvas.gather(1, pos), pos, real, group, write=write, own=own), first, boundary
 
     def prefix_pattern(self, pos: torch.Tensor, real: torch.Tensor, hi: torch.Tensor,
@@ -340,7 +409,7 @@ class StepEngine:
             segments += added
             owners.append((hook, len(added)))
         logits = self.run(segments, trim=self.trim)
-        if boundary is not None:
+        if boundary is not None and (self.cache_moves or not self.reuse):  # (reuse) the read saw whether it moves
             assert s.cache_len is not None
             s.cache_len = torch.where(live, boundary, s.cache_len)
         self.added, at = {}, 1

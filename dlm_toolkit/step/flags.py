@@ -140,13 +140,15 @@ class FlagBoard:
 
     Each flag set so far has a slab of longs: ``(N, 1 + payload)`` (column 0: 0 while the row has no
     hit, else 1 + the step it was first hit in), or, for payload-free flags set together with
-    :meth:`set_many`, ``(N, K)`` with one such column per flag."""
+    :meth:`set_many`, ``(N, K)`` with one such column per flag (set once since the last read: the
+    bool hits themselves, their step in :attr:`fresh`)."""
 
     def __init__(self, table: FlagTable | None, rows: int, device: torch.device):
         self.table: FlagTable | None = None
         self.rows, self.device = rows, device
         self.step = 0  # steps finished (StepChecks.add counts them): a hit's "when"
         self.slabs: dict[str, torch.Tensor] = {}
+        self.fresh: dict[str, int] = {}  # slab -> 1 + its step, for a set_many slab that holds bool hits as set
         self.columns: dict[str, tuple[str, int]] = {}  # flag name -> (slab, column)
         self.flags: dict[str, DeviceFlag] = {}
         self.sources: dict[str, Any] = {}
@@ -213,20 +215,38 @@ class FlagBoard:
 
     def set_many(self, flags: Sequence[DeviceFlag], hits: torch.Tensor, source: Any = None) -> None:
         """Set payload-free ``flags`` at once from ``hits`` ((N, K) bool, column k for ``flags[k]``): one
-        slab, one update (the step checks set their flags this way every step)."""
+        slab, one update (the step checks set their flags this way every step).
+
+        The first set since the last read keeps ``hits`` itself as the slab (no op on the device;
+        the step is kept on the host, :attr:`fresh`), so do not write into ``hits`` afterwards; a
+        second set before the read turns it into the usual long slab."""
         key = "+".join(f.name for f in flags)
         self._check(flags[0], hits, None, len(flags))
         old = self.slabs.get(key)
         if old is None:
-            for k, flag in enumerate(flags):
-                if flag.payload:
-                    raise StrategyError(f"{self.owner(flag)}: device flag '{flag.name}' has a payload; set it with set()")
-                self._claim(flag, key, k)
-            old = torch.zeros(self.rows, len(flags), dtype=torch.long, device=self.device)
-        self.slabs[key] = old.masked_fill(hits & (old == 0), self.step + 1)
+            if self.columns.get(flags[0].name, ("",))[0] != key:  # the first set in this decode
+                for k, flag in enumerate(flags):
+                    if flag.payload:
+                        raise StrategyError(f"{self.owner(flag)}: device flag '{flag.name}' has a payload; "
+                                            "set it with set()")
+                    self._claim(flag, key, k)
+            self.slabs[key] = hits
+            self.fresh[key] = self.step + 1
+        else:
+            if key in self.fresh:  # set twice between reads: 0 / 1 + the step of the first set
+                old = old.long() * self.fresh.pop(key)
+            self.slabs[key] = old.masked_fill(hits & (old == 0), self.step + 1)
         if source is not None:
             for flag in flags:
                 self.sources[flag.name] = source
+
+    def consumed(self) -> None:
+        """A read found no flag set (:meth:`raise_first` returned): drop the slabs that still hold a
+        step's hits as they were set (every value in them is 0), so the next :meth:`set_many` of
+        each starts afresh without touching the device."""
+        for key in self.fresh:
+            del self.slabs[key]
+        self.fresh.clear()
 
     def pending(self) -> list[torch.Tensor]:
         """Every slab, flattened (the engine concatenates them into its one read; :meth:`raise_first`
@@ -250,6 +270,8 @@ class FlagBoard:
             for r in range(self.rows):
                 base = offsets[key] + r * width
                 when = host[base + col]
+                if when and key in self.fresh:  # a slab of the hits themselves (set_many): its step is kept here
+                    when = self.fresh[key]
                 if when and (best is None or (when, order, r) < best[:3]):
                     best = (when, order, r, flag, tuple(host[base + 1:base + 1 + flag.payload]))
         if best is None:
@@ -283,4 +305,6 @@ def pending_payload(state: Any, flag: DeviceFlag) -> torch.Tensor | None:
     if b is None or flag.name not in b.columns:
         return None
     key, _ = b.columns[flag.name]
+    if key != flag.name or key not in b.slabs:  # set_many's slabs carry no payload; a read dropped them
+        return torch.zeros(b.rows, flag.payload, dtype=torch.long, device=b.device)
     return b.slabs[key][:, 1:]

@@ -70,6 +70,7 @@ class DecodeState:
     # per-decode constants the step reads many times (built once: each arange is one more small op per call)
     _rows: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _offsets: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _block0: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def start(
@@ -157,6 +158,15 @@ class DecodeState:
             out = self._offsets[width] = torch.arange(width, device=self.device)
         return out
 
+    def block0_slots(self) -> torch.Tensor:
+        """(N, block_length) the positions of every row's block 0 (``origin + arange``), built once
+        per decode (the origin never changes; do not write into it)."""
+        of, out = self._block0 if self._block0 is not None else (None, None)
+        if of is not self.origin or out is None:  # keyed by the origin tensor itself (one per decode)
+            out = self.origin[:, None] + self.offsets(self.block_length)
+            self._block0 = (self.origin, out)
+        return out
+
     @property
     def nfe(self) -> torch.Tensor:
         """(N,) forwards each row took part in (a view of ``counts``)."""
@@ -177,6 +187,10 @@ class DecodeState:
     def masked_in_block(self, rows: torch.Tensor) -> torch.Tensor:
         """(R,) number of masked positions in the active block of each row, counted on the canvas
         (the engine keeps ``block_masked`` up to date without recounting)."""
+        if rows is self.all_rows and self.block_lo is None:  # every row, fixed layout: block 0's slots, moved
+            idx = torch.add(self.block0_slots(), self.block[:, None], alpha=self.block_length)
+            at = self.canvas.gather(1, idx.clamp_(max=self.canvas.shape[1] - 1))
+            return (at == self.mask_token_id).sum(1)
         lo, hi = self.block_bounds(rows)
         width = self.block_length if self.block_lo is None else self.block_width
         idx = lo[:, None] + self.offsets(width)  # (R, width)

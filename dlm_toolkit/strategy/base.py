@@ -389,10 +389,11 @@ class StepContext:
         ctx = cls(
             rows=rows, positions=positions, tokens=tokens, valid=valid, masked=masked, is_prompt=is_prompt,
             # valid ^ masked == valid & ~masked (masked lies inside valid): one op fewer per step
-            in_block=in_block, editable=(valid ^ masked) & ~is_prompt, sampled=tokens, confidence=written_conf,
+            # a > b is a & ~b on bools: one op fewer each
+            in_block=in_block, editable=(valid ^ masked) > is_prompt, sampled=tokens, confidence=written_conf,
             logits=logits, written_step=written_step, written_conf=written_conf, step=step, block=block,
             block_step=block_step, block_masked_start=block_masked_start,
-            post=live & ~fillable.any(1), live=live, seeds=seeds,
+            post=live > fillable.any(1), live=live, seeds=seeds,
             memory=memory, mask_token_id=mask_token_id, eos_token_id=eos_token_id, batch_rows=batch_rows,
             hooks=HookOutputs(outputs or {}, tokens.shape, logits.shape[-1], logits.dtype),
         )

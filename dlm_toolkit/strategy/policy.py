@@ -164,28 +164,40 @@ class StepChecks:
     def __init__(self, policy: DecodingPolicy, limit: int):
         self.policy, self.limit = policy, limit
         self._steps: dict[int, StepContext] = {}  # board step -> its context, since the last read
+        # a policy without a verifying hook never has ctx.verified: its verify flag can never be set,
+        # so it is left out of the step's flags (decided here, once, not per step)
+        self.verify = "verified" in policy.hook_outputs
+        self.flags = CHECKS if self.verify else tuple(f for f in CHECKS if f.name != "verify")
 
     def add(self, ctx: StepContext, state: Any) -> None:
-        """Set the checks of the step just written (no host sync)."""
+        """Set the checks of the step just written (no host sync).
+
+        Fused forms (each pinned against the plain formula in ``tests/test_step_fast_paths.py``):
+        ``sel > region`` is ``sel & ~region`` on bools; "net < 1 where something was remasked" is
+        ``remasks >= max(commits, 1)``; a non-finite confidence at a real slot is ``valid > isfinite``."""
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         has_masks = ctx.fillable.any(1)
-        net = ctx.commit.sum(1) - ctx.remask.sum(1)
-        verified = ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)
-        over = state.block_step[ctx.rows] > self.limit
-        hits = torch.stack([
-            *((getattr(ctx, sel) & ~ALLOWED[role][0](ctx)).any(1) for role, sel in
-              (("m2t", "commit"), ("t2t", "edit"), ("remask", "remask"))),
-            has_masks & ~ctx.commit.any(1),
-            has_masks & ctx.remask.any(1) & (net < 1),
-            verified & over,  # a verification forward past the bound
+        n_commit, n_remask = ctx.commit.sum(1), ctx.remask.sum(1)
+        every = ctx.rows is state.all_rows
+        over = (state.block_step if every else state.block_step[ctx.rows]) > self.limit
+        verify = []
+        if self.verify:  # a verification forward past the bound
+            verify = [(ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)) & over]
+        hits = torch.stack([  # one column per flag of self.flags, in CHECKS' order
+            (ctx.commit > ctx.fillable).any(1),
+            (ctx.edit > ctx.editable).any(1),
+            (ctx.remask > remaskable(ctx)).any(1),
+            has_masks & (n_commit == 0),
+            has_masks & (n_remask >= n_commit.clamp(min=1)),
+            *verify,
             ctx.live & over,
-            ~(torch.isfinite(ctx.confidence) | ~ctx.valid).all(1),
+            (ctx.valid > torch.isfinite(ctx.confidence)).any(1),
         ], 1)
         flags = board(state)
         if ctx.rows.shape[0] != flags.rows:  # a context of some rows: their checks in their batch rows
-            hits = hits.new_zeros(flags.rows, len(CHECKS)).index_copy_(0, ctx.rows, hits)
+            hits = hits.new_zeros(flags.rows, len(self.flags)).index_copy_(0, ctx.rows, hits)
         self._steps[flags.step] = ctx
-        flags.set_many(CHECKS, hits, source=self)
+        flags.set_many(self.flags, hits, source=self)
         flags.step += 1
 
     def forget(self) -> None:

@@ -62,7 +62,7 @@ def remaskable(ctx: StepContext) -> torch.Tensor:
     """(B, W) positions a remask rule may pick without stalling the decode: written, non-prompt,
     not edited now, inside the *active* block (M2T can refill them), in rows whose block has masks."""
     edited = ctx.edit if ctx.edit is not None else torch.zeros_like(ctx.editable)
-    return ctx.editable & ~edited & ctx.in_block & ctx.fillable.any(1)[:, None]
+    return (ctx.editable > edited) & ctx.in_block & ctx.fillable.any(1)[:, None]  # a > b: a & ~b on bools
 
 
 def remask_budget(ctx: StepContext) -> torch.Tensor:
