@@ -35,6 +35,11 @@ class SemiAutoregressive(BlockSchedule):
     def prepare(self, state: DecodeState) -> torch.Tensor:
         no_mask = (state.block_masked == 0) > state.done  # on bools a > b is a & ~b
         state.post = state.post + no_mask  # a bool adds as 0/1
+        bound = state.post_bound
+        if bound is not None:
+            bound = state.post_bound = bound + 1  # a prepare adds at most 1 to a row's post
+            if bound <= self.config.max_post_steps:  # no row can be over: advance_blocks would change nothing
+                return ~state.done
         over = no_mask & (state.post > self.config.max_post_steps)  # checked before the forward
         state.advance_blocks(over, self.config.eos_early_stop)
         # One pass suffices: a block entered now holds a generated position, and generated

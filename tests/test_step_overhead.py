@@ -254,3 +254,50 @@ def test_the_reused_layout_is_the_layout_built_every_step(monkeypatch):
     # the reuse did happen (the very mask object of the step before), and never without it
     same = [a[2] is b[2] for a, b in zip(fast_calls, fast_calls[1:])]
     assert any(same) and not any(a[2] is b[2] for a, b in zip(plain_calls, plain_calls[1:]))
+
+
+def decode_counting(model, prompts, pol, known: bool, check_every: int, monkeypatch) -> tuple[object, list[int]]:
+    """Decode counting ``advance_blocks`` calls; ``known=False`` starts without a post bound (the
+    general path: ``prepare`` always checks every row against ``max_post_steps``)."""
+    calls = [0, 0]  # every call, calls with at least one ending row
+    advance, start = DecodeState.advance_blocks, DecodeState.start.__func__
+
+    def counted(self, ending, eos_early_stop):
+        calls[0] += 1
+        calls[1] += bool(ending.any())
+        return advance(self, ending, eos_early_stop)
+
+    def unknown(cls, *args, **kwargs):
+        state = start(cls, *args, **kwargs)
+        if not known:
+            state.post_bound = None
+        return state
+
+    monkeypatch.setattr(DecodeState, "advance_blocks", counted)
+    monkeypatch.setattr(DecodeState, "start", classmethod(unknown))
+    try:
+        result = decode(model, prompts, pol, 40, kv_cache=True, capture="eager", check_every=check_every)
+    finally:
+        monkeypatch.setattr(DecodeState, "advance_blocks", advance)
+        monkeypatch.setattr(DecodeState, "start", classmethod(start))
+    return result, calls
+
+
+@pytest.mark.parametrize("max_post", [0, 1, 2, 16])
+@pytest.mark.parametrize("check_every", [1, 3])
+def test_prepare_without_advance_under_the_post_bound_matches_the_general_path(max_post, check_every, monkeypatch):
+    model = tiny_llada2(seed=5)
+    prompts = [[5, 6, 7], [8] * 12, [9] * 5]
+    # edits keep blocks in post steps (the near-miss: a row goes past max_post_steps)
+    pol = policy(**{"blocks.params.max_post_steps": max_post, "blocks.params.eos_early_stop": True})
+    (fast, fast_calls), (plain, plain_calls) = (
+        decode_counting(model, prompts, pol, known, check_every, monkeypatch) for known in (True, False))
+    assert fast.tokens == plain.tokens and fast.forward_calls == plain.forward_calls
+    for f, p in zip(fast.rows, plain.rows):
+        assert (f.nfe, f.forward_tokens, f.post_forwards, f.blocks_decoded, f.eos_stopped) == (
+            p.nfe, p.forward_tokens, p.post_forwards, p.blocks_decoded, p.eos_stopped)
+    assert fast_calls[1] == plain_calls[1]  # the same blocks ended, by the same calls
+    steps = max(r.nfe for r in plain.rows)
+    assert plain_calls[0] >= 2 * steps  # the general path: prepare and finish_step every step
+    if max_post == 16 and check_every == 1:  # the bound holds every step: finish_step's call only
+        assert fast_calls[0] < plain_calls[0] and fast_calls[0] <= steps + 1

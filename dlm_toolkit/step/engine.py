@@ -150,6 +150,9 @@ class StepEngine:
         # the engine's three flags in one slab: one update per read instead of three
         s.flags.set_many(ENGINE_FLAGS, torch.stack(
             [bad_cache, live & (hi - lo > self.window_width), self.overflow_rows], 1), source=self)
+        n_wanted = len(wanted)
+        if s.post_bound is not None:  # the schedule's post counter bound (DecodeState.post_bound), in the same max
+            wanted.append(s.post)
         maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
         # bools promote to long in the cat; (trim) whether any row is live is in the rows read anyway
         head = maxes if self.trim else torch.cat([live.any()[None], maxes])
@@ -161,10 +164,12 @@ class StepEngine:
         any_live = None if self.trim else host[0]
         if self.cached:
             span_n, prefill_n = host[at:at + 2]
-            needed_n = host[at + 2] if len(wanted) == 3 else 0
+            needed_n = host[at + 2] if n_wanted == 3 else 0
         else:
             span_n, prefill_n = 0, 0
-            needed_n = host[at] if wanted else 0
+            needed_n = host[at] if n_wanted else 0
+        if len(wanted) > n_wanted:
+            s.post_bound = host[at + n_wanted]
         n_head, n = len(head), s.batch_size
         n_key = n_head + len(rows)
         s.flags.raise_first(host[n_key + len(key_parts) * n:], s)
