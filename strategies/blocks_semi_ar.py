@@ -50,6 +50,9 @@ class SemiAutoregressive(BlockSchedule):
         return state.block_bounds(rows)
 
     def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
+        post_any, state.post_any = state.post_any, None  # this step's read only
+        if post_any is False:  # no live row began in a post step: ctx.post is all False, no block ends
+            return
         converged = ctx.post > ctx.edit.any(1)  # on bools a > b is a & ~b
         # a context of every row in order (the decode loop's) needs no scatter onto the batch
         ending = converged if ctx.rows is state.all_rows else torch.zeros_like(state.done).index_put_(

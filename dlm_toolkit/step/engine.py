@@ -152,7 +152,7 @@ class StepEngine:
             [bad_cache, live & (hi - lo > self.window_width), self.overflow_rows], 1), source=self)
         n_wanted = len(wanted)
         if s.post_bound is not None:  # the schedule's post counter bound (DecodeState.post_bound), in the same max
-            wanted.append(s.post)
+            wanted += [s.post, s.block_masked == 0]
         maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
         # bools promote to long in the cat; (trim) whether any row is live is in the rows read anyway
         head = maxes if self.trim else torch.cat([live.any()[None], maxes])
@@ -169,7 +169,7 @@ class StepEngine:
             span_n, prefill_n = 0, 0
             needed_n = host[at] if n_wanted else 0
         if len(wanted) > n_wanted:
-            s.post_bound = host[at + n_wanted]
+            s.post_bound, s.post_any = host[at + n_wanted], bool(host[at + n_wanted + 1])
         n_head, n = len(head), s.batch_size
         n_key = n_head + len(rows)
         s.flags.raise_first(host[n_key + len(key_parts) * n:], s)

@@ -71,6 +71,9 @@ class DecodeState:
     # sets 0, a block schedule's ``prepare`` adds the most it can add, the engine's read sets the value
     # it read; a schedule may then skip work that only a row past a bound would need.
     post_bound: int | None = None
+    # set by the engine's read (with ``post_bound``): whether some live row began this step with no mask
+    # in its active block (a post step); None where not read this step. ``finish_step`` consumes it.
+    post_any: bool | None = None
     # per-decode constants the step reads many times (built once: each arange is one more small op per call)
     _rows: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _offsets: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
