@@ -303,3 +303,91 @@ def test_block_schedule_without_advance_under_the_read_post_facts_matches_the_ge
     if max_post == 16 and check_every == 1:  # the bound holds every step and every step is read: only
         # prepare's calls are gone, and finish_step's call is left only on steps that began a post step
         assert 0 < fast_calls[0] <= sum(r.post_forwards for r in plain.rows) < steps
+
+
+def a_written_step(width: int, last_block: int | None) -> tuple[DecodeState, object]:
+    """A valid step of three rows (row 2 not live) on a window of ``width`` slots ending at each
+    row's block end; ``last_block``: row 2's active block (its window may pass the canvas end)."""
+    g = torch.Generator().manual_seed(width * 7 + (last_block or 0))
+    pol = policy()
+    state = DecodeState.start([[1, 2, 3], [4] * 11, [5] * 6], 20, pol.blocks, MASK, EOS, VOCAB, 0)
+    state.canvas = torch.where(torch.rand(state.canvas.shape, generator=g) < 0.5,
+                               torch.randint(0, 90, state.canvas.shape, generator=g), state.canvas)
+    state.written_conf = torch.rand(state.canvas.shape, generator=g)
+    if last_block is not None:
+        state.block[2] = last_block
+    live = torch.tensor([True, True, False])
+    lo, hi = pol.blocks.window(state, state.all_rows)
+    ctx = step_context(pol, state, live, lo, hi, torch.randn(3, width, VOCAB, generator=g))
+    ctx.commit = (torch.rand(3, width, generator=g) < 0.4) & ctx.valid
+    ctx.edit = (torch.rand(3, width, generator=g) < 0.3) & ctx.valid & ~ctx.commit
+    ctx.remask = (torch.rand(3, width, generator=g) < 0.2) & ctx.valid & ~(ctx.commit | ctx.edit)
+    ctx.confidence = ctx.confidence.nan_to_num(0.5)
+    return state, ctx
+
+
+@pytest.mark.parametrize("width, last_block, inside", [
+    (8, None, True),  # min hi == W: the window of rows 0 and 2 starts at position 0
+    (9, None, False),  # near miss: it starts at -1 (a slot clamps onto position 0)
+    (8, 3, True),  # row 2's window ends at the canvas end (hi == Lmax == 32)
+    (8, 4, False),  # near miss: it ends past it (slots clamp onto position 31)
+])
+def test_write_step_inside_the_canvas_matches_the_general_write(width, last_block, inside, monkeypatch):
+    from dlm_toolkit.step import canvas as canvas_module
+    out, slots_calls = [], []
+    for hint in (True, False):
+        state, ctx = a_written_step(width, last_block)
+        old = [t.clone() for t in (state.canvas, state.written_step, state.written_conf)]
+        his = (ctx.positions[:, -1] + 1).tolist()
+        assert state.canvas.shape[1] == 32 and (min(his) >= width and max(his) <= 32) == inside
+        state.window_ends = (min(his), max(his)) if hint else None
+        calls = [0]
+        slots = canvas_module.window_slots
+
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return slots(*args, **kwargs)
+
+        monkeypatch.setattr(canvas_module, "window_slots", counted)
+        write_step(state, ctx)
+        monkeypatch.setattr(canvas_module, "window_slots", slots)
+        assert state.window_ends is None  # consumed: a later step without a read takes the general path
+        slots_calls.append(calls[0])
+        out.append([t.tolist() for t in (state.canvas, state.written_step, state.written_conf, state.counts)])
+    assert out[0] == out[1]
+    assert slots_calls == [0 if inside else 1, 1]
+    # a plain reference: each slot on the canvas writes its own value, the rest keep theirs
+    canvas, wstep, wconf = (t.tolist() for t in old)
+    for r in range(3):
+        for j, pos in enumerate(ctx.positions[r].tolist()):
+            if not 0 <= pos < 32:
+                continue
+            wrote = bool(ctx.commit[r, j] or ctx.edit[r, j])
+            if wrote:
+                canvas[r][pos], wstep[r][pos] = int(ctx.sampled[r, j]), int(state.nfe[r]) - int(ctx.live[r])
+                wconf[r][pos] = float(ctx.confidence[r, j])
+            if ctx.remask[r, j]:
+                canvas[r][pos], wstep[r][pos], wconf[r][pos] = MASK, -1, 0.0
+    assert out[0][:3] == [canvas, wstep, wconf]
+
+
+def test_the_decode_loop_writes_inside_the_canvas_without_window_slots(monkeypatch):
+    from dlm_toolkit.step import canvas as canvas_module
+    model = tiny_llada2(seed=3)
+    prompts = [[5, 6, 7], [8] * 12, [9] * 5]
+    out, calls = [], [0]
+    slots = canvas_module.window_slots
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return slots(*args, **kwargs)
+
+    monkeypatch.setattr(canvas_module, "window_slots", counted)
+    for check_every in (1, 2):  # the read every step (layout reuse: window ends read) / not every step
+        calls[0] = 0
+        res = decode(model, prompts, policy(), 40, kv_cache=True, capture="eager", check_every=check_every)
+        out.append((res.tokens, [r.nfe for r in res.rows], calls[0], max(r.nfe for r in res.rows)))
+    (fast_tokens, fast_nfe, fast_calls, steps), (tokens, nfe, plain_calls, _) = out
+    assert fast_tokens == tokens and fast_nfe == nfe
+    assert plain_calls >= steps  # no read of the window ends: the general write every step
+    assert fast_calls < steps  # read every step: some steps wrote without window_slots

@@ -51,9 +51,17 @@ def window_values(state: DecodeState, ctx: StepContext) -> tuple[torch.Tensor, t
 
 
 def write_window(state: DecodeState, ctx: StepContext, tokens: torch.Tensor, written_step: torch.Tensor,
-                 written_conf: torch.Tensor) -> None:
+                 written_conf: torch.Tensor, inside: bool = False) -> None:
     """Write the whole window of ``ctx``: tokens and provenance, each (B, W) (module docstring:
-    padding slots carry the value of the slot of the position they clamp onto)."""
+    padding slots carry the value of the slot of the position they clamp onto). ``inside``: the
+    caller knows that every slot of every row lies in ``[0, Lmax)`` (no slot clamps, so no two
+    slots share a position), for a context of every row in order."""
+    if inside:
+        assert ctx.rows is state.all_rows
+        state.canvas.scatter_(1, ctx.positions, tokens)
+        state.written_step.scatter_(1, ctx.positions, written_step)
+        state.written_conf.scatter_(1, ctx.positions, written_conf)
+        return
     at_pos, same = window_slots(ctx, state.canvas.shape[1])
     if ctx.rows is state.all_rows:  # every row in order: a scatter along the row (repeated slots carry one value)
         state.canvas.scatter_(1, at_pos, tokens.gather(1, same))
@@ -75,11 +83,15 @@ def write_step(state: DecodeState, ctx: StepContext) -> None:
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
     rows, live = ctx.rows, ctx.live
     every = rows is state.all_rows  # the decode loop's context: no gathers or scatters by row
+    ends, state.window_ends = state.window_ends, None  # this step's read only
+    # the window of row r is hi_r - W + [0, W): inside the canvas for every row when min hi >= W
+    # and max hi <= Lmax (the read's window ends of this step), so no slot clamps onto another's position
+    inside = every and ends is not None and ends[0] >= ctx.positions.shape[1] and ends[1] <= state.canvas.shape[1]
     wrote = ctx.commit | ctx.edit
     step = state.counts.narrow(1, 0, 1) if every else state.nfe[rows, None]
     write_window(state, ctx, written_window(ctx, wrote),
                  torch.where(wrote, step, ctx.written_step).masked_fill_(ctx.remask, -1),
-                 torch.where(wrote, ctx.confidence, ctx.written_conf).masked_fill_(ctx.remask, 0.0))
+                 torch.where(wrote, ctx.confidence, ctx.written_conf).masked_fill_(ctx.remask, 0.0), inside)
     n_commit, n_edit, n_remask = ctx.commit.sum(1), ctx.edit.sum(1), ctx.remask.sum(1)
     # one row per context row, the first eight COUNTERS (forward_tokens: counted by the forwards;
     # inserts, deletes: by write_shift); bools promote to long in the stack. A row that is not live

@@ -194,6 +194,7 @@ class StepEngine:
             # not before the prefill: it moved the cached lengths after they were read
             self.layout_key = (self.width, self.needed, live_n, his, lens, bounds) if prefilled else None
             self.cache_moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
+            s.window_ends = (min(his), max(his))
         self.fresh = True
         return True
 

@@ -74,6 +74,9 @@ class DecodeState:
     # set by the engine's read (with ``post_bound``): whether some live row began this step with no mask
     # in its active block (a post step); None where not read this step. ``finish_step`` consumes it.
     post_any: bool | None = None
+    # set by the engine's read where it reads every row's window end (the layout reuse): (min, max) of
+    # this step's ``hi`` over every row; None where not read this step. ``write_step`` consumes it.
+    window_ends: tuple[int, int] | None = None
     # per-decode constants the step reads many times (built once: each arange is one more small op per call)
     _rows: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _offsets: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
