@@ -218,7 +218,6 @@ def collect(policy: DecodingPolicy) -> list[StepHook]:
 
 
 SELECTIONS = ("commit", "edit", "remask")
-ROLE_SELECTION = {"m2t": "commit", "t2t": "edit", "remask": "remask"}  # the selection each rule role fills
 
 
 def _as_writer(hook: StepHook, stage: str) -> Callable[..., None]:
@@ -254,8 +253,13 @@ def check_combinations(hooks: Sequence[StepHook]) -> None:
     for fixed in hooks:
         if fixed.needs_fixed_block and movers:
             mover = movers[0]
-            raise ConfigError(f"{fixed.name} ({fixed.needs_fixed_block}) needs a fixed block layout; {mover.name} "
+            raise ConfigError(f"{label(fixed)} ({fixed.needs_fixed_block}) needs a fixed block layout; {label(mover)} "
                               "moves and resizes its block: use semi_ar or multi_block_edit with it")
+
+
+def overrides(hook: StepHook, stage: str) -> bool:
+    """Whether ``hook``'s class overrides ``stage`` (the loop runs only the stages a hook overrides)."""
+    return getattr(type(hook), stage) is not getattr(StepHook, stage)
 
 
 class HookStages:
@@ -264,10 +268,9 @@ class HookStages:
 
     def __init__(self, hooks: Sequence[StepHook]):
         def overriding(stage: str) -> list[Callable[..., None]]:
-            return [_as_writer(h, stage) for h in hooks if getattr(type(h), stage) is not getattr(StepHook, stage)]
+            return [_as_writer(h, stage) for h in hooks if overrides(h, stage)]
 
-        self.step_segments = [(h, h.step_segments) for h in hooks
-                              if type(h).step_segments is not StepHook.step_segments]
+        self.step_segments = [(h, h.step_segments) for h in hooks if overrides(h, "step_segments")]
         self.after_forward = overriding("after_forward")
         self.after_rules = overriding("after_rules")
         self.after_write = overriding("after_write")

@@ -49,7 +49,7 @@ from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, board, de
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.step.state import COUNTERS, DecodeState
-from dlm_toolkit.strategy.base import BlockSchedule
+from dlm_toolkit.strategy.base import BlockSchedule, hook_label
 
 if TYPE_CHECKING:
     from dlm_toolkit.strategy.policy import StepChecks
@@ -94,8 +94,9 @@ class StepEngine:
         # it takes, the live rows and each row's window end, cached length and cache boundary, all of
         # which the read (every step here) brings to the host; while they stay the same (the steps of
         # a block) the forward takes them from the previous step and gathers only the ids.
-        self.reuse = (trim and cached and model.attention != "full" and not self.segment_hooks
-                      and getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups)
+        # the default groups depend only on the position and the row's origin: one (N, S) table per decode
+        self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
+        self.reuse = trim and cached and model.attention != "full" and not self.segment_hooks and self.static_groups
         self.layout_key: tuple | None = None  # (reuse) the read's key of the next step forward
         self.cache_moves = True  # (reuse) some live row's cache boundary is past its cached length
         self.saved_key: tuple | None = None  # (reuse) the key of the saved layout
@@ -111,8 +112,6 @@ class StepEngine:
         self.prefilled = not cached
         self.eyes: dict[int, torch.Tensor] = {}
         self.aranges: dict[int, torch.Tensor] = {}
-        # the default groups depend only on the position and the row's origin: one (N, S) table per decode
-        self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
         self.cache_group: torch.Tensor | None = None
         self.overflow = torch.zeros((), dtype=torch.bool, device=state.device)  # a span wider than its forward
         self.overflow_rows = self.overflow.expand(n)  # a view: window() ORs into self.overflow in place
@@ -410,7 +409,7 @@ class StepEngine:
         window, first, boundary = self.window(live, lo, hi)
         segments, owners = [window], []
         for hook, add in self.segment_hooks:
-            who = getattr(hook, "name", type(hook).__name__)
+            who = hook_label(hook)
             added = [check(seg, s.batch_size, f"{who} (step_segments)") for seg in add(self, s, live, window)]
             segments += added
             owners.append((hook, len(added)))

@@ -604,3 +604,6 @@ ROLE_BASES: dict[str, type[Strategy]] = {
     "blocks": BlockSchedule,
     "remask": RemaskRule,
 }
+
+# the step selection each selecting role fills (ctx.commit / ctx.edit / ctx.remask)
+ROLE_SELECTION: dict[str, str] = {"m2t": "commit", "t2t": "edit", "remask": "remask"}

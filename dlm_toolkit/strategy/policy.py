@@ -8,7 +8,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, FlagTable, NonFiniteLogitsError, StrategyError, board, declare
-from dlm_toolkit.hooks.base import ROLE_SELECTION, StepHook, collect, declared_outputs
+from dlm_toolkit.hooks.base import StepHook, collect, declared_outputs
 from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.strategy.registry import REGISTRIES
 from dlm_toolkit.strategy.selection import remaskable
@@ -17,9 +17,11 @@ from dlm_toolkit.strategy.base import (
     EditRule,
     RemaskRule,
     Selection,
+    ROLE_SELECTION,
     StepContext,
     Strategy,
     UnmaskRule,
+    hook_label,
 )
 
 
@@ -51,7 +53,7 @@ def check_budgets(policy: DecodingPolicy) -> None:
         raise ConfigError(f"blocks rule '{blocks.name}': window_width() = {width!r}: must be an integer in [1, {1 << 20}]")
     cap = forward_budget_cap(width)
     budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block)]
-    budgets += [(hook.name, hook.budget_source(policy), lambda hook=hook: hook.forward_budget(policy))
+    budgets += [(hook_label(hook), hook.budget_source(policy), lambda hook=hook: hook.forward_budget(policy))
                 for hook in policy.hooks]
     for who, field, declared in budgets:
         value = declared()
@@ -221,7 +223,7 @@ def _outside(role: str) -> Any:
         checks, ctx, r = _ctx_row(hit)
         rule = getattr(checks.policy, role)
         region, what = ALLOWED[role]
-        outside = getattr(ctx, {"m2t": "commit", "t2t": "edit", "remask": "remask"}[role])[r] & ~region(ctx)[r]
+        outside = getattr(ctx, ROLE_SELECTION[role])[r] & ~region(ctx)[r]
         w = int(outside.nonzero()[0, 0])
         who = ctx.selected_by(ROLE_SELECTION[role], r, w) or f"{rule.role} rule '{rule.name}'"  # a hook that put it there
         return (f"{who} selected position {int(ctx.positions[r, w])} of batch row "

@@ -45,7 +45,7 @@ import pytest
 import torch
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.hooks.base import STAGES, StepHook, check_combinations, check_hook, label
+from dlm_toolkit.hooks.base import STAGES, StepHook, check_combinations, check_hook, label, overrides
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.engine import StepEngine
 from dlm_toolkit.step.flags import DeviceFlag, FlagTable
@@ -350,7 +350,7 @@ def _probe_host_reads(hooks: Sequence[StepHook]) -> Iterator[tuple[dict[str, Cou
 
     stages = ("step_segments",) + STAGES
     wrapped = [(h, stage) for h in hooks for stage in stages
-               if getattr(type(h), stage) is not getattr(StepHook, stage) and stage not in vars(h)]
+               if overrides(h, stage) and stage not in vars(h)]
     for hook, stage in wrapped:  # on the object: HookStages takes the bound method when the decode starts
         setattr(hook, stage, counted(hook, getattr(hook, stage)))
     try:

@@ -11,7 +11,7 @@ import torch
 from dlm_toolkit.config import RoleSpec
 from dlm_toolkit.strategy.policy import DecodingPolicy
 from dlm_toolkit.strategy.selection import remaskable
-from dlm_toolkit.strategy.base import StepContext, Strategy
+from dlm_toolkit.strategy.base import ROLE_SELECTION, StepContext, Strategy
 from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract, on_meta_default
 from dlm_toolkit.testing.contracts_cases import STEPS, _as_tensor, _commit_for, advance, build_context, random_case
 
@@ -29,7 +29,7 @@ class _RuleContract(_StrategyContract):
         raise NotImplementedError
 
     def store(self, ctx: StepContext, select: torch.Tensor) -> None:
-        setattr(ctx, {"m2t": "commit", "t2t": "edit", "remask": "remask"}[self.role], select)
+        setattr(ctx, ROLE_SELECTION[self.role], select)
 
     def check(self, rule: Strategy, ctx: StepContext, select: torch.Tensor, where: str) -> None:
         """Role invariants for one output (type, shape, allowed positions, progress)."""
