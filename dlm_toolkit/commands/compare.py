@@ -41,8 +41,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     results = {k: evaluate(model, tokenizer, task, p, args.n, args.seed, batch_size=args.batch_size,
                            progress=not args.no_progress, threads=args.threads, cuda_graphs=args.cuda_graphs)
                for k, p in policies.items()}
+    shown = None
     if args.html is not None:
-        write_compare_html(args, model, tokenizer, task, policies)
+        shown = write_compare_html(args, model, tokenizer, task, policies, results["a"].records, results["b"].records)
     cmp = compare_outcomes(results["a"].records, results["b"].records, n_boot=args.n_boot, seed=args.seed)
     if args.json:
         out = {"task": task.name, "n": args.n, "seed": args.seed, "checkpoint": str(args.checkpoint),
@@ -66,28 +67,53 @@ def cmd_compare(args: argparse.Namespace) -> int:
     lo, hi = cmp.tpf_diff_interval
     verdict = "differs" if cmp.tpf_differs else "no significant difference"
     print(f"  tpf       {cmp.tpf_diff:+.3f} [{lo:+.3f}, {hi:+.3f}]  paired bootstrap: {verdict}")
-    if args.html is not None:
-        print(f"  side by side: {args.html}")
+    if shown is not None:
+        print(f"  side by side: {args.html} ({shown})")
     return 0
 
 
+SHOWN = 3  # instances on the side-by-side page
+
+
+def disagreement_order(a: list[dict], b: list[dict]) -> tuple[list[int], int]:
+    """Instance indices, those where A and B disagree first: scored differently (right/wrong at 0.5),
+    then other completions, then the rest (each group in instance order); and how many agree
+    (the same completion)."""
+    def rank(i: int) -> int:
+        if (float(a[i]["score"]) >= 0.5) != (float(b[i]["score"]) >= 0.5):
+            return 0
+        return 1 if a[i]["completion"] != b[i]["completion"] else 2
+
+    order = sorted(range(len(a)), key=lambda i: (rank(i), i))
+    return order, sum(rank(i) == 2 for i in order)
+
+
 def write_compare_html(args: argparse.Namespace, model: object, tokenizer: object, task: object,
-                       policies: dict) -> None:
-    """``--html``: the first (up to 3) eval instances decoded again, recorded, under A and B, side by side."""
+                       policies: dict, records_a: list[dict], records_b: list[dict]) -> str:
+    """``--html``: up to :data:`SHOWN` eval instances, those where A and B disagree first, decoded
+    again, recorded, under A and B, side by side. Returns what the page shows, in words."""
     from dlm_toolkit.models.chat import use_chat
     from dlm_toolkit.step.loop import decode
     from dlm_toolkit.evaluation.evaluate import task_prompt
     from dlm_toolkit.step.state import row_seed
     from dlm_toolkit.viewer import compare_page, write_page
 
-    instances = task.instances(args.n, args.seed, "eval")[:3]  # type: ignore[attr-defined]
+    order, agree = disagreement_order(records_a, records_b)
+    picked = order[:SHOWN]
+    instances = task.instances(args.n, args.seed, "eval")  # type: ignore[attr-defined]
     chat = use_chat(tokenizer, task.chat, f"task '{task.name}': chat")  # type: ignore[attr-defined]
-    prompts = [task_prompt(tokenizer, task, inst, chat) for inst in instances]  # type: ignore[arg-type]
-    seeds = [row_seed(args.seed, i) for i in range(len(prompts))]  # the streams the evaluation drew from
+    prompts = [task_prompt(tokenizer, task, instances[i], chat) for i in picked]  # type: ignore[arg-type]
+    seeds = [row_seed(args.seed, i) for i in picked]  # the streams the evaluation drew from
     runs = [decode(model, prompts, policies[k], task.answer_length + 1, seed=seeds, record=True,  # type: ignore
                    cuda_graphs=args.cuda_graphs) for k in ("a", "b")]
     labels = (f"A {policy_label(args.a, args.set_a)}", f"B {policy_label(args.b, args.set_b)}")
-    write_page(args.html, compare_page(runs[0], runs[1], tokenizer, labels=labels, every=args.every), args.overwrite)
+    shown = (f"rows: instances {', '.join(map(str, picked))}, where A and B disagree first; "
+             f"{agree} of {len(order)} instances give the same completion under A and B")
+    title = f"dlm compare: {labels[0]} vs {labels[1]} ({shown})"
+    page = compare_page(runs[0], runs[1], tokenizer, labels=labels, every=args.every, title=title,
+                        row_labels=[f"instance {i}" for i in picked])
+    write_page(args.html, page, args.overwrite)
+    return shown
 
 
 def policy_label(source: str, overrides: list[str] | None) -> str:
@@ -115,8 +141,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--html", metavar="FILE", help="also write A and B side by side, step by step, on the first "
-                   "(up to 3) instances: one self-contained HTML file")
+    p.add_argument("--html", metavar="FILE", help="also write A and B side by side, step by step, on up to 3 "
+                   "instances, those where A and B disagree first: one self-contained HTML file")
     p.add_argument("--every", type=int, default=1, metavar="K", help="with --html: one frame per K forwards")
     p.add_argument("--overwrite", action="store_true", help="with --html: replace an existing file")
     add_import_arg(p)

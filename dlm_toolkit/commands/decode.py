@@ -43,10 +43,14 @@ def cmd_decode(args: argparse.Namespace) -> int:
                     allow_past_context=args.allow_past_context, cuda_graphs=args.cuda_graphs,
                     record=args.html is not None)
     if args.html is not None:
-        from dlm_toolkit.viewer import trajectory_page, write_page
+        from dlm_toolkit.commands.compare import policy_label
+        from dlm_toolkit.strategy.presets import DEFAULT_PRESET
+        from dlm_toolkit.viewer import page_title, trajectory_page, write_page
 
-        write_page(args.html, trajectory_page(result, tokenizer, every=args.every, title="dlm decode: "
-                                              + policy.config_hash()[:12]), args.overwrite)
+        prompt_start = args.prompt if args.prompt is not None else args.prompt_ids
+        title = page_title("dlm decode", policy_label(args.policy or args.preset or DEFAULT_PRESET, args.set),
+                           prompt_start, args.checkpoint)
+        write_page(args.html, trajectory_page(result, tokenizer, every=args.every, title=title), args.overwrite)
     row = result.rows[0]
     text = tokenizer.decode(row.tokens, skip_special_tokens=True) if tokenizer is not None else None
     if args.json:

@@ -13,8 +13,11 @@
 
 Pages need no network when viewed: CSS, JS and data are inline (the data as an escaped JSON blob;
 token texts reach the page only as text, never as markup). A page embeds at most
-:data:`MAX_CELLS` canvas cells (positions x frames, summed over the rows shown): past that,
-``every=K`` keeps every K-th forward and ``rows=[...]`` a subset of the batch rows.
+:data:`MAX_CELLS` canvas cells (positions x frames, summed over the rows shown) and
+:data:`MAX_DATA_CHARS` characters of data: past that, ``every=K`` keeps every K-th forward and
+``rows=[...]`` a subset of the batch rows. A token's text is cut at :data:`MAX_TOKEN_CHARS`
+characters and a final text at :data:`MAX_FINAL_CHARS` (a tokenizer is data too: its token texts
+are unbounded).
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.util.files import write_text
-from dlm_toolkit.viewer.page import render
+from dlm_toolkit.viewer.page import cut_text, render, script_json
 from dlm_toolkit.viewer.replay import KINDS, row_frames
 
 if TYPE_CHECKING:  # the step's trajectory shows itself with this viewer: no import back at run time
     from dlm_toolkit.step.trajectory import Trajectory
 
 MAX_CELLS = 2_000_000  # canvas positions x frames over the rows shown: a 512-position canvas for ~3,900 forwards
+MAX_DATA_CHARS = 64_000_000  # the page's JSON data: far above a page at MAX_CELLS with short token texts
+MAX_TOKEN_CHARS = 100  # one token's text as shown (real vocabularies stay far below)
+MAX_FINAL_CHARS = 20_000  # one row's final text as shown
 NOT_RECORDED = "this decode was not recorded: pass record=True to decode() (dlm decode --html records by itself)"
 
 
@@ -52,13 +58,15 @@ def trajectory_of(result: Any) -> Trajectory:
     return traj
 
 
-def _texts(tokenizer: Any, ids: set[int], mask_token_id: int) -> dict[str, str]:
-    out = {}
+def _texts(tokenizer: Any, ids: set[int], mask_token_id: int) -> tuple[dict[str, str], dict[int, int]]:
+    """Each token's text as shown (cut at :data:`MAX_TOKEN_CHARS`) and its full length."""
+    out, full = {}, {}
     for t in sorted(ids):
         if t == mask_token_id:
             continue
-        out[str(t)] = str(t) if tokenizer is None else tokenizer.decode([t], skip_special_tokens=False)
-    return out
+        text = str(t) if tokenizer is None else str(tokenizer.decode([t], skip_special_tokens=False))
+        out[str(t)], full[t] = cut_text(text, MAX_TOKEN_CHARS), len(text)
+    return out, full
 
 
 def _bounds(traj: Trajectory, row: int, length: int) -> list[int]:
@@ -88,8 +96,7 @@ def check_every(every: int, option: str = "every") -> None:
         raise ViewerError(f"{option}: must be an integer >= 1 (got {every!r})")
 
 
-def _pane_rows(traj: Trajectory, rows: list[int], every: int, finals: Sequence[str] | None,
-               stats: Sequence[tuple[int, float]] | None) -> tuple[list[dict[str, Any]], set[int], int]:
+def _pane_rows(traj: Trajectory, rows: list[int], every: int) -> tuple[list[dict[str, Any]], set[int], int]:
     out, ids, cells = [], set(), 0
     for i, r in enumerate(rows):
         start, frames = row_frames(traj, r, every)
@@ -105,21 +112,51 @@ def _pane_rows(traj: Trajectory, rows: list[int], every: int, finals: Sequence[s
                 if c.runner_up >= 0:
                     ids.add(c.runner_up)
             fr.append({"f": f.forward, "post": f.post, "ver": f.verified, "win": list(f.window), "blk": list(f.block),
-                       "n": [f.commits, f.edits, f.remasks, f.inserts, f.deletes], "ch": ch})
+                       "n": [f.commits, f.edits, f.remasks, f.inserts, f.deletes], "ch": ch,
+                       "mk": {name: ps for name, ps in sorted(f.marks.items()) if ps}})
         nfe = frames[-1].forward if frames else 0
-        final = finals[i] if finals is not None else ""
-        if stats is not None:
-            final = f"NFE {stats[i][0]}  TPF {stats[i][1]:.2f} (tokens up to and including the first EOS per forward)\n{final}"
         out.append({"label": f"row {r}", "prompt_len": len(traj.canvases[r].prompt), "init": [c.token for c in start],
-                    "frames": fr, "bounds": _bounds(traj, r, length), "nfe": nfe, "final": final})
+                    "frames": fr, "bounds": _bounds(traj, r, length), "nfe": nfe, "final": ""})
     return out, ids, cells
+
+
+def _add_finals(pane: list[dict[str, Any]], result: Any, tokenizer: Any, rows: list[int], vocab: dict[str, str],
+                full: dict[int, int]) -> None:
+    """Each row's final text with its NFE and TPF (a result holds them; a bare trajectory does not)."""
+    res_rows = getattr(result, "rows", None)
+    if res_rows is None:
+        return
+    for out, r in zip(pane, rows):
+        row = res_rows[r]
+        out["final"] = (f"NFE {row.nfe}  TPF {row.tpf:.2f} (tokens up to and including the first EOS per forward)\n"
+                        f"{_final_text(row.tokens, tokenizer, vocab, full)}")
+
+
+def _final_text(tokens: Sequence[int], tokenizer: Any, vocab: dict[str, str], full: dict[int, int]) -> str:
+    if tokenizer is None:
+        return cut_text(" ".join(map(str, tokens[:MAX_FINAL_CHARS])), MAX_FINAL_CHARS)
+    if sum(full.get(t, MAX_FINAL_CHARS + 1) for t in tokens) > MAX_FINAL_CHARS:  # decoded whole, it could fill memory
+        return cut_text("".join(vocab.get(str(t), str(t)) for t in tokens[:MAX_FINAL_CHARS]), MAX_FINAL_CHARS)
+    return cut_text(str(tokenizer.decode(list(tokens), skip_special_tokens=False)), MAX_FINAL_CHARS)
+
+
+FEWER = "keep every K-th forward (every=K, --every K) or fewer batch rows (rows=[...])"
 
 
 def _check_size(cells: int, every: int) -> None:
     if cells > MAX_CELLS:
         raise ViewerError(f"the trajectory is too large to embed: {cells:,} canvas cells (positions x forwards over "
-                          f"the rows shown; limit {MAX_CELLS:,}) at every={every}: keep every K-th forward "
-                          "(every=K, --every K) or fewer batch rows (rows=[...])")
+                          f"the rows shown; limit {MAX_CELLS:,}) at every={every}: {FEWER}")
+
+
+def _page(title: str, traj: Trajectory, panes: list[dict[str, Any]], vocab: dict[str, str], every: int) -> str:
+    data = {"kinds": list(KINDS), "mask": traj.mask_token_id, "eos": traj.eos_token_id, "vocab": vocab,
+            "panes": panes}
+    blob = script_json(data)
+    if len(blob) > MAX_DATA_CHARS:
+        raise ViewerError(f"the trajectory is too large to embed: {len(blob):,} characters of data (limit "
+                          f"{MAX_DATA_CHARS:,}) at every={every}: {FEWER}")
+    return render(title, data, blob)
 
 
 def trajectory_page(result: Any, tokenizer: Any = None, *, every: int = 1, rows: Sequence[int] | None = None,
@@ -134,30 +171,30 @@ def trajectory_page(result: Any, tokenizer: Any = None, *, every: int = 1, rows:
     traj = trajectory_of(result)
     check_every(every)
     chosen = _check_rows(traj, rows)
-    finals, stats = _finals(result, traj, tokenizer, chosen)
-    pane, ids, cells = _pane_rows(traj, chosen, every, finals, stats)
+    pane, ids, cells = _pane_rows(traj, chosen, every)
     _check_size(cells, every)
-    data = {"kinds": list(KINDS), "mask": traj.mask_token_id, "vocab": _texts(tokenizer, ids, traj.mask_token_id),
-            "panes": [{"title": "", "rows": pane}]}
-    return render(title or "dlm decode: trajectory", data)
+    vocab, full = _texts(tokenizer, ids, traj.mask_token_id)
+    _add_finals(pane, result, tokenizer, chosen, vocab, full)
+    return _page(title or "dlm decode: trajectory", traj, [{"title": "", "rows": pane}], vocab, every)
 
 
-def _finals(result: Any, traj: Trajectory, tokenizer: Any, rows: list[int]) -> tuple[list[str], list[tuple[int, float]] | None]:
-    res_rows = getattr(result, "rows", None)
-    if res_rows is None:
-        return ["" for _ in rows], None
-    finals = []
-    for r in rows:
-        tokens = res_rows[r].tokens
-        finals.append(tokenizer.decode(tokens, skip_special_tokens=False) if tokenizer is not None
-                      else " ".join(map(str, tokens)))
-    return finals, [(res_rows[r].nfe, res_rows[r].tpf) for r in rows]
+def page_title(what: str, policy: str, prompt: str | None = None, checkpoint: str | None = None) -> str:
+    """A page's title that says which decode it shows: ``what``, the policy (preset or file and its
+    overrides), the prompt's start and the checkpoint's folder name."""
+    parts = [f"{what}: {policy}"]
+    if prompt is not None:
+        parts.append(repr(cut_text(" ".join(prompt.split()), 40)))
+    if checkpoint is not None:
+        parts.append(Path(checkpoint).name or str(checkpoint))
+    return " \u00b7 ".join(parts)
 
 
 def compare_page(a: Any, b: Any, tokenizer: Any = None, *, labels: tuple[str, str] = ("A", "B"), every: int = 1,
-                 rows: Sequence[int] | None = None, title: str | None = None) -> str:
+                 rows: Sequence[int] | None = None, title: str | None = None,
+                 row_labels: Sequence[str] | None = None) -> str:
     """Two recorded decodes of the same prompts side by side, in lock-step by forward; positions
-    where the two canvases hold different tokens are outlined on both sides.
+    where the two canvases hold different tokens are outlined on both sides. ``row_labels``: how
+    the row selector names each row shown (default ``row N``).
 
     Raises:
         ViewerError: either not recorded, different prompts, or too large (as :func:`trajectory_page`).
@@ -168,16 +205,18 @@ def compare_page(a: Any, b: Any, tokenizer: Any = None, *, labels: tuple[str, st
     check_every(every)
     chosen = _check_rows(ta, rows)
     panes, ids, cells = [], set(), 0
-    for label, res, traj in ((labels[0], a, ta), (labels[1], b, tb)):
-        finals, stats = _finals(res, traj, tokenizer, chosen)
-        pane, pane_ids, pane_cells = _pane_rows(traj, chosen, every, finals, stats)
+    for label, traj in ((labels[0], ta), (labels[1], tb)):
+        pane, pane_ids, pane_cells = _pane_rows(traj, chosen, every)
         panes.append({"title": label, "rows": pane})
         ids |= pane_ids
         cells += pane_cells
     _check_size(cells, every)
-    data = {"kinds": list(KINDS), "mask": ta.mask_token_id, "vocab": _texts(tokenizer, ids, ta.mask_token_id),
-            "panes": panes}
-    return render(title or f"dlm compare: {labels[0]} vs {labels[1]}", data)
+    vocab, full = _texts(tokenizer, ids, ta.mask_token_id)
+    for pane, res in zip(panes, (a, b)):
+        _add_finals(pane["rows"], res, tokenizer, chosen, vocab, full)
+        for row, label in zip(pane["rows"], row_labels or []):
+            row["label"] = str(label)
+    return _page(title or f"dlm compare: {labels[0]} vs {labels[1]}", ta, panes, vocab, every)
 
 
 def fit_every(result: Any, rows: Sequence[int] | None = None) -> int:

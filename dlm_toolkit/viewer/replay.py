@@ -51,6 +51,7 @@ class Frame:
     verified: bool = False
     window: tuple[int, int] = (0, 0)  # [lo, hi) of the last forward's window
     block: tuple[int, int] = (0, 0)  # [lo, hi) of the last forward's active block
+    marks: dict[str, list[int]] = field(default_factory=dict)  # the last forward's hook marks (StepRecord.marks)
 
 
 def initial_cells(prompt: list[int], length: int, mask_token_id: int) -> list[Cell]:
@@ -141,6 +142,7 @@ def row_frames(trajectory: Trajectory, row: int, every: int = 1) -> tuple[list[C
         frame.verified |= s.verified
         frame.window = (min(s.positions), max(s.positions) + 1) if s.positions else (0, 0)
         frame.block = (s.block_lo, s.block_lo + len(s.block_after)) if s.block_lo >= 0 else frame.window
+        frame.marks = s.marks
         if n % every == 0 or n == len(steps):
             frame.changes = {p: Cell(**vars(c)) for p, c in enumerate(cells) if c.key() != before[p]}
             frames.append(frame)
