@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -209,6 +210,9 @@ def test_cli_decode_html(tmp_path, capsys):
     assert main(args) == 0
     page = out.read_text()
     assert page.count("<script") == 2 and "<script>x" not in page and '"\\u003c"' in page  # the character "<"
+    # the title says which decode: policy (default preset), the prompt's start, the checkpoint
+    assert "<title>dlm decode: llada2.1-q \u00b7 &#x27;pick:&lt;script&gt;x&lt;/script&gt;|&#x27; \u00b7 " \
+           "testbed-v2-editable</title>" in page
     before = page
     capsys.readouterr()
     assert main(args) == 2
@@ -229,7 +233,12 @@ def test_cli_compare_html(tmp_path, capsys):
                  "--html", str(out), "--n-boot", "100"]) == 0
     data = json.loads(re.search(r'id="dlm-data">(.*?)</script>', out.read_text()).group(1))
     assert [p["title"] for p in data["panes"]] == ["A llada2.1-q", "B llada2.1-s"]
-    assert len(data["panes"][0]["rows"]) == 2
+    rows = [r["label"] for r in data["panes"][0]["rows"]]
+    assert sorted(rows) == ["instance 0", "instance 1"]
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith(f"  side by side: {out} (rows: instances {rows[0][9:]}, {rows[1][9:]}, where A and B "
+                           "disagree first; ")
+    assert said.endswith(" of 2 instances give the same completion under A and B)")
 
 
 def test_trial_logs_a_trajectory_page(tmp_path):
@@ -283,7 +292,6 @@ def test_pareto_html_on_the_parent_run_links_each_trial_run(tmp_path):
     points = [TrialPoint(t.number, {"accuracy": t.values[0], "tpf": t.values[1], "n": 10}) for t in study.trials]
     tracker.log_pareto(parent, summarize_points("s", {"accuracy": "maximize", "tpf": "maximize"}, points), study)
     page = Path(MlflowClient(uri).download_artifacts(parent, "pareto.html", str(tmp_path))).read_text()
-    page = page.replace("\\u002f", "/")  # plotly writes "/" escaped in its JSON
     for i in range(2):  # a local store: the link resolves inside the MLflow UI that serves the page
         assert f'"/#/experiments/{tracker.experiment_id}/runs/run{i}?workflowType=machine_learning"' in page
 
@@ -305,3 +313,158 @@ def test_a_trial_whose_page_cannot_be_made_keeps_its_run(tmp_path, monkeypatch):
     client = MlflowClient(uri)
     assert "trajectory.html" not in [a.path for a in client.list_artifacts(run.info.run_id)]
     assert client.get_run(run.info.run_id).data.tags["trajectory_html_error"].startswith("ViewerError: the trajectory is too large")
+
+
+# -- issue 42.8, 43, 45.4: bounds, hostile text, window ends, marks, titles, order -------------------
+def _data(page: str) -> dict:
+    return json.loads(re.search(r'id="dlm-data">(.*?)</script>', page).group(1))
+
+
+def test_frame_window_ends_after_its_last_position():
+    """The hand-written records' windows are [4, 8), [4, 8), [8, 12) on a 12-position canvas: the
+    end is one past the window's last position, and position 8 (next block) is outside the first."""
+    from dlm_toolkit.viewer import trajectory_page
+    from dlm_toolkit.viewer.replay import row_frames
+    from viewer_helpers import synthetic
+
+    traj = synthetic()
+    _, frames = row_frames(traj, 0)
+    assert [(f.window, f.block) for f in frames] == [((4, 8), (4, 8)), ((4, 8), (4, 8)), ((8, 12), (8, 12))]
+    _, thinned = row_frames(traj, 0, every=2)  # a thinned frame has its last forward's window
+    assert [f.window for f in thinned] == [(4, 8), (8, 12)]
+    rows = _data(trajectory_page(traj))["panes"][0]["rows"]
+    assert [f["win"] for f in rows[0]["frames"]] == [[4, 8], [4, 8], [8, 12]]
+
+
+def test_hook_marks_reach_the_page_per_frame():
+    from dlm_toolkit.viewer import trajectory_page
+    from viewer_helpers import synthetic
+
+    rows = _data(trajectory_page(synthetic()))["panes"][0]["rows"]
+    assert [f["mk"] for f in rows[1]["frames"]] == [{"flagged": [4]}, {"flagged": [6], "held": [6, 7]}, {}]
+
+
+def test_page_title_is_text_and_bounded():
+    from dlm_toolkit.viewer import trajectory_page
+    from dlm_toolkit.viewer.page import MAX_TITLE_CHARS
+    from viewer_helpers import synthetic
+
+    hostile = '</title><script>alert(1)</script><h1 onclick="x">'
+    page = trajectory_page(synthetic(), title=hostile)
+    assert page.count("<script") == 2 and "onclick=\"x\"" not in page
+    assert page.count(html.escape(hostile)) == 2  # the tab's title and the heading
+    exact = "t" * MAX_TITLE_CHARS
+    assert f"<title>{exact}</title>" in trajectory_page(synthetic(), title=exact)
+    cut = trajectory_page(synthetic(), title=exact + "u")
+    assert f"<title>{exact}\u2026[+1 chars]</title>" in cut
+
+
+class HugeTokenizer:
+    """Every token's text is ``size`` characters; remembers the longest text it returned."""
+
+    def __init__(self, size):
+        self.size, self.longest = size, 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        text = "".join(chr(0x61 + i % 26) * self.size for i in ids)
+        self.longest = max(self.longest, len(text))
+        return text
+
+
+def test_token_texts_and_final_texts_are_bounded():
+    from dlm_toolkit.viewer import MAX_FINAL_CHARS, MAX_TOKEN_CHARS, trajectory_page
+    from viewer_helpers import TextTokenizer, synthetic
+
+    vocab = _data(trajectory_page(synthetic(), TextTokenizer({11: "x" * MAX_TOKEN_CHARS,
+                                                              12: "y" * (MAX_TOKEN_CHARS + 1)})))["vocab"]
+    assert vocab["11"] == "x" * MAX_TOKEN_CHARS  # at the bound: whole
+    assert vocab["12"] == "y" * MAX_TOKEN_CHARS + "\u2026[+1 chars]"
+    tok = HugeTokenizer(1_000_000)  # a 50 MB token made a 9.8 GB page; 1 MB shows the same
+    res = recorded()
+    page = trajectory_page(res, tok)
+    assert tok.longest == 1_000_000  # one token at a time: the row was never decoded whole
+    assert len(page) < 200_000
+    finals = [r["final"].split("\n", 1)[1] for r in _data(page)["panes"][0]["rows"]]
+    assert all(len(f) <= MAX_FINAL_CHARS + 20 for f in finals) and all(f.endswith(" chars]") for f in finals)
+    small = HugeTokenizer(1)  # near miss: short texts are decoded whole, as the tokenizer joins them
+    finals = [r["final"].split("\n", 1)[1] for r in _data(trajectory_page(res, small))["panes"][0]["rows"]]
+    assert finals == [small.decode(r.tokens) for r in res.rows]
+
+
+def test_data_bound_says_what_to_do(monkeypatch):
+    import dlm_toolkit.viewer as viewer
+    from viewer_helpers import synthetic
+
+    size = len(re.search(r'id="dlm-data">(.*?)</script>', viewer.trajectory_page(synthetic())).group(1))
+    monkeypatch.setattr(viewer, "MAX_DATA_CHARS", size)
+    viewer.trajectory_page(synthetic())  # exactly at the bound
+    monkeypatch.setattr(viewer, "MAX_DATA_CHARS", size - 1)
+    with pytest.raises(viewer.ViewerError, match=rf"^the trajectory is too large to embed: {size:,} characters of data "
+                                                 rf"\(limit {size - 1:,}\) at every=1: keep every K-th forward "
+                                                 r"\(every=K, --every K\) or fewer batch rows \(rows=\[...\]\)$"):
+        viewer.trajectory_page(synthetic())
+
+
+def test_lone_surrogates_become_replacement_characters(tmp_path):
+    from dlm_toolkit.viewer import trajectory_page, write_page
+    from viewer_helpers import TextTokenizer, synthetic
+
+    page = trajectory_page(synthetic(), TextTokenizer({11: "a\ud800b"}), title="t\udfff")
+    write_page(tmp_path / "p.html", page)  # encodes as UTF-8
+    assert _data(page)["vocab"]["11"] == "a\ufffdb" and "<title>t\ufffd</title>" in page
+
+
+def test_disagreeing_instances_come_first():
+    from dlm_toolkit.commands.compare import disagreement_order
+
+    a = [{"score": 1.0, "completion": "5"}, {"score": 1.0, "completion": "5"}, {"score": 0.0, "completion": "7"},
+         {"score": 0.0, "completion": "8"}, {"score": 0.5, "completion": "x"}]
+    b = [{"score": 1.0, "completion": "5"}, {"score": 0.0, "completion": "6"}, {"score": 0.0, "completion": "9"},
+         {"score": 0.0, "completion": "8"}, {"score": 0.49, "completion": "x"}]
+    # 1 and 4 scored differently (0.5 is right, 0.49 wrong), 2 other completions, 0 and 3 agree
+    assert disagreement_order(a, b) == ([1, 4, 2, 0, 3], 2)
+
+
+def test_plottable_points_and_their_boundaries():
+    from dlm_toolkit.sweep.pareto import TrialPoint
+    from dlm_toolkit.viewer.front import plottable
+
+    nan, inf = float("nan"), float("inf")
+    rows = [({"accuracy": 1.0, "tpf": 2.0, "n": 10}, True), ({"accuracy": 1.0000001, "tpf": 2.0}, False),
+            ({"accuracy": 0.0, "tpf": 0.0, "n": 0}, True), ({"accuracy": -1e-9, "tpf": 1.0}, False),
+            ({"accuracy": nan, "tpf": 1.0}, False), ({"accuracy": 0.5, "tpf": inf}, False),
+            ({"accuracy": 0.5, "tpf": 1.0, "n": -1}, False), ({"accuracy": 0.5, "tpf": 1.0, "n": 2.5}, False),
+            ({"accuracy": 0.5, "tpf": 1.0, "n": nan}, False), ({"accuracy": "x", "tpf": 1.0}, False),
+            ({"accuracy": 0.5, "tpf": 1.0, "n": 4.0}, True)]
+    points = [TrialPoint(i, m) for i, (m, _) in enumerate(rows)] + [TrialPoint(99, {"tpf": 1.0})]
+    good, bad = plottable(points)
+    assert [p.trial for p in good] == [i for i, (_, ok) in enumerate(rows) if ok]
+    assert bad == [i for i, (_, ok) in enumerate(rows) if not ok]  # 99 (no accuracy) is neither
+
+
+def test_front_page_with_damaged_metrics_is_small_and_says_what_it_left_out(tmp_path):
+    from dlm_toolkit.sweep.pareto import TrialPoint, summarize_points, write_all
+
+    xy = [(0.9, 2.0), (float("nan"), 2.0), (0.5, float("inf")), (0.8, 3.0)]
+    points = [TrialPoint(i, {"accuracy": a, "tpf": t, "n": 20}, preset="llada2.1-s" if i == 1 else None)
+              for i, (a, t) in enumerate(xy)]
+    summary = summarize_points("s", {"accuracy": "maximize", "tpf": "maximize"}, points, {"complete": 4})
+    files = write_all(summary, tmp_path)
+    page = files["html"].read_text()
+    assert "left out, metrics not finite or out of range: trials 1, 2</p>" in page
+    assert sorted(re.findall(r'data-trial="(\d+)"', page)) == ["0", "3"]
+    assert files["png"].stat().st_size > 0
+    assert len(page.encode()) < 50_000 and "<script src" not in page  # was 4.8 MB of inline plotly
+
+
+def test_preset_labels_cover_no_label_and_no_marker():
+    from dlm_toolkit.viewer.front import place
+
+    markers = [(400.0, 300.0, 11.0), (404.0, 302.0, 11.0), (380.0, 290.0, 7.0)]
+    anchors = [(400.0, 300.0, "llada2.1-s"), (404.0, 302.0, "llada2.1-q"), (404.0, 302.0, "a-long-policy-file-name")]
+    boxes = place(anchors, markers, (0, 0, 900, 600))
+    blocked = [(x - r, y - r, x + r, y + r) for x, y, r in markers]
+    for i, a in enumerate(boxes):
+        assert 0 <= a[0] and a[2] <= 900 and 0 <= a[1] and a[3] <= 600
+        for b in boxes[:i] + blocked:
+            assert min(a[2], b[2]) <= max(a[0], b[0]) or min(a[3], b[3]) <= max(a[1], b[1]), (a, b)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from viewer_helpers import REPO, load_testbed, recorded, replay
+from viewer_helpers import REPO, load_testbed, recorded, replay, synthetic
 
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -55,8 +55,15 @@ def open_page(browser, path: Path) -> None:
 
 
 def canvas(browser, pane: int = 0) -> list[int]:
-    return browser.execute_script(
-        f"return [...document.querySelectorAll('#canvas-{pane} .tok')].map(s => +s.dataset.token)")
+    """The tokens shown, a chip of a run (``EOS ×n``) counted n times."""
+    return browser.execute_script(f"return [...document.querySelectorAll('#canvas-{pane} .tok')]"
+                                  ".flatMap(s => Array(+(s.dataset.count || 1)).fill(+s.dataset.token))")
+
+
+def positions(browser, selector: str) -> list[int]:
+    """The canvas positions of the chips that ``selector`` finds, each position of a run's chip."""
+    return browser.execute_script(f"return [...document.querySelectorAll('{selector}')].flatMap(s => "
+                                  "Array.from({length: +(s.dataset.count || 1)}, (_, j) => +s.dataset.pos + j))")
 
 
 def press(browser, key: str) -> None:
@@ -132,8 +139,7 @@ def test_hover_shows_confidence_and_runner_up(browser, trajectory_file):
     tip = browser.find_element("id", "tip").text
     assert f"confidence {s.confidence[i]:.4f}" in tip
     assert f"(id {s.runner_up[i]}) p {s.runner_up_confidence[i]:.4f}" in tip
-    window = browser.execute_script("return [...document.querySelectorAll('#canvas-0 .tok.win')].map(s => +s.dataset.pos)")
-    assert window == s.positions  # the forward's window is underlined
+    assert positions(browser, "#canvas-0 .tok.win") == s.positions  # the forward's window is underlined
     # the screenshot: a forward whose edit reaches back into the previous block, that edit hovered
     k, back = next((k, e) for k, e in enumerate(res.trajectory.for_row(0)) if any(p < e.block_lo for p in e.edit))
     browser.find_elements("css selector", "#strip-0 > div")[k].click()
@@ -160,8 +166,7 @@ def test_side_by_side_outlines_exactly_the_differing_positions(browser, tmp_path
         want = [p for p in range(max(len(ca), len(cb))) if p >= len(ca) or p >= len(cb) or ca[p] != cb[p]]
         assert canvas(browser, 0) == ca and canvas(browser, 1) == cb
         for pane, c in ((0, ca), (1, cb)):
-            got = browser.execute_script(
-                f"return [...document.querySelectorAll('#canvas-{pane} .tok.diff')].map(s => +s.dataset.pos)")
+            got = positions(browser, f"#canvas-{pane} .tok.diff")
             assert got == [p for p in want if p < len(c)], f"pane {pane}, frame {k}"
         differing_seen += bool(want)
         if k == 3:
@@ -188,6 +193,8 @@ def test_markup_in_token_texts_renders_as_text(browser, tmp_path):
 
 
 def test_front_explorer_points_are_pareto_json(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
     from dlm_toolkit.sweep.pareto import TrialPoint, summarize_points, write_all
 
     xy = [(0.9, 2.0), (0.95, 1.5), (0.8, 3.0), (0.7, 2.5), (0.85, 2.2), (0.6, 1.2), (0.85, 2.1)]
@@ -197,18 +204,57 @@ def test_front_explorer_points_are_pareto_json(browser, tmp_path):
     files = write_all(summary, tmp_path, {3: "http://mlflow.example/#/experiments/1/runs/abc"})
     saved = json.loads(files["json"].read_text())
     open_page(browser, files["html"])
-    traces = {t["meta"]: t for t in browser.execute_script(
-        "return document.getElementById('pareto').data.map(t => ({meta: t.meta, x: t.x, y: t.y, c: t.customdata, "
-        "h: t.hovertext, color: t.marker.color}))")}
-    front = sorted((r["trial"], r["tpf"], r["accuracy"]) for r in saved["front"])
-    assert sorted((c[0], x, y) for c, x, y in zip(traces["front"]["c"], traces["front"]["x"], traces["front"]["y"])) == front
-    presets = sorted((v["trial"], v["metrics"]["tpf"], v["metrics"]["accuracy"]) for v in saved["presets"].values())
-    assert sorted((c[0], x, y) for c, x, y in zip(traces["presets"]["c"], traces["presets"]["x"], traces["presets"]["y"])) == presets
+    drawn = browser.execute_script("return [...document.querySelectorAll('.pt')].map(p => [p.dataset.trace, "
+                                   "+p.dataset.trial, +p.dataset.tpf, +p.dataset.accuracy, p.getAttribute('fill')])")
+    traces = {name: sorted(d[1:4] for d in drawn if d[0] == name) for name in ("front", "dominated", "presets")}
+    assert traces["front"] == sorted([r["trial"], r["tpf"], r["accuracy"]] for r in saved["front"])
+    assert traces["presets"] == sorted([v["trial"], v["metrics"]["tpf"], v["metrics"]["accuracy"]]
+                                       for v in saved["presets"].values())
     on_front = {r["trial"] for r in saved["front"]}
-    assert sorted(c[0] for c in traces["dominated"]["c"]) == [i for i in range(len(xy)) if i not in on_front]
-    assert traces["dominated"]["color"] == "#b0b0b0" and 5 not in on_front  # greyed, the dominated preset too
-    dominated = dict(zip((c[0] for c in traces["dominated"]["c"]), traces["dominated"]["h"]))
+    assert [t for t, _, _ in traces["dominated"]] == [i for i in range(len(xy)) if i not in on_front]
+    assert {d[4] for d in drawn if d[0] == "dominated"} == {"#b0b0b0"} and 5 not in on_front  # greyed, a preset too
+    dominated = {}  # trial -> the text hovering its point shows
+    for el in browser.find_elements("css selector", '.pt[data-trace="dominated"]'):
+        ActionChains(browser).move_to_element(el).perform()
+        dominated[int(el.get_attribute("data-trial"))] = browser.find_element("id", "tip").text
     assert "accuracy 0.7000 [0.4810, 0.8545] (n=20)" in dominated[3] and "TPF 2.500" in dominated[3]  # Wilson 95 %, by hand
     assert "m2t.params.threshold = 0.3" in dominated[3]
     assert "http://mlflow.example/#/experiments/1/runs/abc" in dominated[3]
     screenshot(browser, "viewer_pareto.png")
+
+
+def test_keys_win_over_the_row_selector_and_trailing_eos_and_marks_draw(browser, tmp_path):
+    """On the hand-written trajectory (viewer_helpers.synthetic): Home/End/arrows step frames even
+    while the row selector has focus (ArrowDown still moves the selector: the focus was there);
+    the trailing EOS draw as one chip per line; hook marks are drawn per position."""
+    from selenium.webdriver.common.keys import Keys
+
+    from dlm_toolkit.viewer import trajectory_page
+
+    traj = synthetic()
+    path = tmp_path / "synthetic.html"
+    path.write_text(trajectory_page(traj, title="hand-written <decode>"))
+    open_page(browser, path)
+    assert browser.find_element("tag name", "h1").text == "hand-written <decode>"
+    frame = lambda: int(browser.find_element("id", "frame").get_attribute("value"))  # noqa: E731
+    row = lambda: browser.find_element("id", "row").get_attribute("value")  # noqa: E731
+    browser.execute_script("document.getElementById('row').focus()")
+    press(browser, Keys.ARROW_DOWN)
+    assert row() == "1" and browser.switch_to.active_element.get_attribute("id") == "row"
+    for key, want in ((Keys.END, 3), (Keys.HOME, 0), (Keys.ARROW_RIGHT, 1), (Keys.ARROW_LEFT, 0), (Keys.END, 3)):
+        press(browser, key)
+        assert (frame(), row()) == (want, "1")
+    ref = replay(traj, 1)
+    assert canvas(browser) == ref[3]
+    runs = browser.execute_script("return [...document.querySelectorAll('#canvas-0 .tok.run')].map(s => "
+                                  "[+s.dataset.pos, +s.dataset.count, s.textContent])")
+    assert runs == [[6, 2, "0 \u00d72"], [8, 4, "0 \u00d74"]]  # one chip per line of the run
+    marks = "return Object.fromEntries([...document.querySelectorAll('#canvas-0 [data-marks]')].map(s => [s.dataset.pos, s.dataset.marks]))"
+    assert browser.execute_script(marks) == {}
+    press(browser, Keys.ARROW_LEFT)
+    assert canvas(browser) == ref[2] and browser.execute_script(marks) == {"6": "flagged,held", "7": "held"}
+    assert positions(browser, "#canvas-0 .tok.run") == []  # EOS that look different stay apart
+    assert "marks: flagged 1, held 2" in browser.find_element("id", "status-0").text
+    press(browser, Keys.ARROW_LEFT)
+    assert browser.execute_script(marks) == {"4": "flagged"}
+    assert positions(browser, "#canvas-0 .tok.win") == [4, 5, 6, 7]  # the window ends before position 8

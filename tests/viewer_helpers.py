@@ -52,3 +52,40 @@ def replay(traj: Any, row: int) -> list[list[int]]:
         canvas[s.block_lo:s.block_lo + len(s.block_after)] = s.block_after
         out.append(list(canvas))
     return out
+
+
+MASK, EOS = 99, 0
+
+
+def synthetic(rows: int = 2) -> Any:
+    """A hand-written trajectory (no model): prompt ``[5, 6, 7, 8]``, two blocks of 4 after it.
+    Forward 1 commits 11, 12 at 4, 5 (hook output ``flagged`` marks 4); forward 2 commits EOS at 6, 7
+    (``flagged`` marks 6, ``held`` marks 6 and 7); forward 3 fills the second block with EOS. Row r
+    holds the same with its first token 11 + r."""
+    from dlm_toolkit.step.trajectory import RowCanvas, StepRecord, Trajectory
+
+    steps = []
+    for r in range(rows):
+        first = 11 + r
+        steps += [
+            StepRecord(r, 0, 0, 4, False, [4, 5], [], [], [4, 5, 6, 7], [0.9, 0.8, 0.1, 0.1], [first, 12, 3, 3],
+                       [first, 12, MASK, MASK], block_lo=4, runner_up=[1, 1, 1, 1], runner_up_confidence=[0.05] * 4,
+                       marks={"flagged": [4], "held": []}),
+            StepRecord(r, 1, 0, 2, False, [6, 7], [], [], [4, 5, 6, 7], [0.9, 0.8, 0.7, 0.6], [first, 12, EOS, EOS],
+                       [first, 12, EOS, EOS], block_lo=4, runner_up=[1, 1, 1, 1], runner_up_confidence=[0.05] * 4,
+                       marks={"flagged": [6], "held": [6, 7]}),
+            StepRecord(r, 2, 1, 4, False, [8, 9, 10, 11], [], [], [8, 9, 10, 11], [0.5] * 4, [EOS] * 4, [EOS] * 4,
+                       block_lo=8, runner_up=[1] * 4, runner_up_confidence=[0.05] * 4),
+        ]
+    return Trajectory(steps, canvases=[RowCanvas([5, 6, 7, 8], 12) for _ in range(rows)], mask_token_id=MASK,
+                      eos_token_id=EOS, block_length=4)
+
+
+class TextTokenizer:
+    """Token texts from a dict (id -> text; other ids as ``t<id>``): for texts no real tokenizer has."""
+
+    def __init__(self, texts: dict[int, str]) -> None:
+        self.texts = texts
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.texts.get(i, f"t{i}") for i in ids)

@@ -394,8 +394,11 @@ def figure(summary: ParetoSummary) -> Any:
 
     from dlm_toolkit.evaluation.plots import place_labels
 
+    from dlm_toolkit.viewer.front import plottable
+
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    pts = [p for p in summary.points if "accuracy" in p.metrics and "tpf" in p.metrics]
+    pts, left_out = plottable(summary.points)  # a damaged store's NaN or out-of-range metrics are not drawn
+    drawn = {p.trial for p in pts}
     everything = stacks(pts)
     ax.scatter([x for x, _, _ in everything], [y for _, y, _ in everything],
                s=[18 * len(t) for _, _, t in everything], c="0.6", label=f"trials ({len(pts)} complete)", zorder=2)
@@ -406,7 +409,7 @@ def figure(summary: ParetoSummary) -> Any:
     on_front = {(x, y) for x, y, _ in front_stacks}
     labels: list[tuple[float, float, str, dict]] = []  # placed last, around every marker
     for i, (name, pt) in enumerate(summary.presets.items()):
-        if pt is None:
+        if pt is None or pt.trial not in drawn:
             continue
         ax.scatter([pt.metrics["tpf"]], [pt.metrics["accuracy"]], s=90, marker="*", zorder=5,
                    color=f"C{(i + 1) % 10}", edgecolor="k", label=f"preset {name}")
@@ -426,12 +429,14 @@ def figure(summary: ParetoSummary) -> Any:
     title = f"{summary.study_name}: speed–quality trade-off"
     if summary.hypervolume is not None:
         title += f"  (HV {summary.hypervolume:.3g})"
+    if left_out:
+        title += f"\n(not drawn, metrics not finite or out of range: trials {cut_list(left_out)})"
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     markers = [(x, y) for x, y, _ in everything] + [(p.metrics["tpf"], p.metrics["accuracy"])
-                                                   for p in summary.presets.values() if p is not None]
+                                                   for p in summary.presets.values() if p is not None and p.trial in drawn]
     place_labels(ax, labels, markers)
     return fig
 

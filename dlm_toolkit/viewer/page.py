@@ -25,6 +25,11 @@ def script_json(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).translate(_ESCAPES)
 
 
+def valid_utf8(text: str) -> str:
+    """``text`` with each lone surrogate (which UTF-8 cannot encode) replaced by U+FFFD."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def cut_text(text: str, most: int) -> str:
     """``text`` up to ``most`` characters; a cut text says how much it lost."""
     return text if len(text) <= most else f"{text[:most]}\u2026[+{len(text) - most:,} chars]"
@@ -93,8 +98,8 @@ const MARK_COLORS = ["#e91e63", "#3f51b5", "#00897b", "#f9a825", "#6d4c41", "#8e
 const MARKS = [...new Set(D.panes.flatMap((p) => p.rows.flatMap((r) => r.frames.flatMap((f) => Object.keys(f.mk)))))].sort();
 function markColor(name){ return MARK_COLORS[MARKS.indexOf(name) % MARK_COLORS.length]; }
 
-// what a chip shows of position i: consecutive positions of the canvas's trailing EOS run that
-// look the same (kind, window, differs, marks) on one line draw as one chip "EOS ×n"
+// what a chip shows of position i: consecutive EOS after the canvas's last other token (masks
+// aside) that look the same (kind, window, differs, marks) on one line draw as one chip "EOS ×n"
 function look(i, c, frame, other, marksAt){
   return {kind: KINDS[c[1]], win: !!(frame && i >= frame.win[0] && i < frame.win[1]),
           diff: other !== null && (other[i] === undefined || other[i][0] !== c[0]), marks: (marksAt[i] || []).join(",")};
@@ -111,8 +116,8 @@ function render(){
     box.textContent = "";
     const bounds = new Set(row.bounds), marksAt = {};
     if (frame) for (const name of Object.keys(frame.mk)) for (const q of frame.mk[name]) (marksAt[q] = marksAt[q] || []).push(name);
-    let tail = cells.length;
-    while (tail > row.prompt_len && cells[tail - 1][0] === D.eos) tail--;
+    let tail = cells.length;  // past the last token that is neither EOS nor a mask: the trailing EOS
+    while (tail > row.prompt_len && (cells[tail - 1][0] === D.eos || cells[tail - 1][0] === D.mask)) tail--;
     let line = null;
     for (let i = 0; i < cells.length;){
       if (line === null || bounds.has(i)){
@@ -122,7 +127,9 @@ function render(){
       }
       const c = cells[i], s = document.createElement("span"), l = look(i, c, frame, other, marksAt);
       let n = 1;
-      if (i >= tail) while (i + n < cells.length && !bounds.has(i + n) && same(l, look(i + n, cells[i + n], frame, other, marksAt))) n++;
+      if (i >= tail && c[0] === D.eos)
+        while (i + n < cells.length && !bounds.has(i + n) && cells[i + n][0] === D.eos &&
+               same(l, look(i + n, cells[i + n], frame, other, marksAt))) n++;
       s.className = "tok k-" + l.kind;
       if (frame && i + n > frame.blk[0] && i < frame.blk[1]) line.classList.add("active");
       if (l.win) s.classList.add("win");
@@ -256,4 +263,4 @@ def render(title: str, data: dict[str, Any], blob: str | None = None) -> str:
 <script>{JS}</script>
 </body></html>
 """
-    return _LONE_SURROGATE.sub("\ufffd", page)
+    return valid_utf8(page)
