@@ -341,7 +341,8 @@ def test_hook_marks_reach_the_page_per_frame():
     from viewer_helpers import synthetic
 
     rows = _data(trajectory_page(synthetic()))["panes"][0]["rows"]
-    assert [f["mk"] for f in rows[1]["frames"]] == [{"flagged": [4]}, {"flagged": [6], "held": [6, 7]}, {}]
+    assert [f["mk"] for f in rows[0]["frames"]] == [{"flagged": [4]}, {"flagged": [6], "held": [6, 7]}, {}]
+    assert [f["mk"] for f in rows[1]["frames"]] == [{"flagged": [4]}, {"flagged": [4]}, {}]
 
 
 def test_page_title_is_text_and_bounded():

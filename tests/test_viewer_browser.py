@@ -251,9 +251,12 @@ def test_keys_win_over_the_row_selector_and_trailing_eos_and_marks_draw(browser,
     assert runs == [[6, 2, "0 \u00d72"], [8, 4, "0 \u00d74"]]  # one chip per line of the run
     marks = "return Object.fromEntries([...document.querySelectorAll('#canvas-0 [data-marks]')].map(s => [s.dataset.pos, s.dataset.marks]))"
     assert browser.execute_script(marks) == {}
-    press(browser, Keys.ARROW_LEFT)
-    assert canvas(browser) == ref[2] and browser.execute_script(marks) == {"6": "flagged,held", "7": "held"}
-    assert positions(browser, "#canvas-0 .tok.run") == []  # EOS that look different stay apart
+    press(browser, Keys.ARROW_LEFT)  # forward 2: EOS at 6, 7 with masks after them are trailing too
+    assert canvas(browser) == ref[2] and browser.execute_script(marks) == {"4": "flagged"}
+    assert positions(browser, "#canvas-0 .tok.run") == [6, 7]
+    select_row(browser, 0)  # near miss: row 0 marks 6 and 7 differently, so they stay apart
+    assert canvas(browser) == replay(traj, 0)[2] and browser.execute_script(marks) == {"6": "flagged,held", "7": "held"}
+    assert positions(browser, "#canvas-0 .tok.run") == []
     assert "marks: flagged 1, held 2" in browser.find_element("id", "status-0").text
     press(browser, Keys.ARROW_LEFT)
     assert browser.execute_script(marks) == {"4": "flagged"}
