@@ -321,7 +321,7 @@ def _data(page: str) -> dict:
 
 
 def test_frame_window_ends_after_its_last_position():
-    """The hand-written records' windows are [4, 8), [4, 8), [8, 12) on a 12-position canvas: the
+    """The hand-written records' windows are [4, 8), [4, 8), [6, 12) on a 12-position canvas: the
     end is one past the window's last position, and position 8 (next block) is outside the first."""
     from dlm_toolkit.viewer import trajectory_page
     from dlm_toolkit.viewer.replay import row_frames
@@ -329,11 +329,11 @@ def test_frame_window_ends_after_its_last_position():
 
     traj = synthetic()
     _, frames = row_frames(traj, 0)
-    assert [(f.window, f.block) for f in frames] == [((4, 8), (4, 8)), ((4, 8), (4, 8)), ((8, 12), (8, 12))]
+    assert [(f.window, f.block) for f in frames] == [((4, 8), (4, 8)), ((4, 8), (4, 8)), ((6, 12), (8, 12))]
     _, thinned = row_frames(traj, 0, every=2)  # a thinned frame has its last forward's window
-    assert [f.window for f in thinned] == [(4, 8), (8, 12)]
+    assert [f.window for f in thinned] == [(4, 8), (6, 12)]
     rows = _data(trajectory_page(traj))["panes"][0]["rows"]
-    assert [f["win"] for f in rows[0]["frames"]] == [[4, 8], [4, 8], [8, 12]]
+    assert [f["win"] for f in rows[0]["frames"]] == [[4, 8], [4, 8], [6, 12]]
 
 
 def test_hook_marks_reach_the_page_per_frame():

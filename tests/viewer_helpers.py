@@ -61,7 +61,7 @@ def synthetic(rows: int = 2) -> Any:
     """A hand-written trajectory (no model): prompt ``[5, 6, 7, 8]``, two blocks of 4 after it.
     Forward 1 commits 11, 12 at 4, 5 (hook output ``flagged`` marks 4); forward 2 commits EOS at 6, 7
     (row 0: ``flagged`` marks 6, ``held`` marks 6 and 7; row 1: ``flagged`` marks 4); forward 3 fills
-    the second block with EOS. Row r's first token is 11 + r."""
+    the second block with EOS, its window reaching back to 6. Row r's first token is 11 + r."""
     from dlm_toolkit.step.trajectory import RowCanvas, StepRecord, Trajectory
 
     steps = []
@@ -74,8 +74,8 @@ def synthetic(rows: int = 2) -> Any:
             StepRecord(r, 1, 0, 2, False, [6, 7], [], [], [4, 5, 6, 7], [0.9, 0.8, 0.7, 0.6], [first, 12, EOS, EOS],
                        [first, 12, EOS, EOS], block_lo=4, runner_up=[1, 1, 1, 1], runner_up_confidence=[0.05] * 4,
                        marks={"flagged": [6], "held": [6, 7]} if r == 0 else {"flagged": [4]}),
-            StepRecord(r, 2, 1, 4, False, [8, 9, 10, 11], [], [], [8, 9, 10, 11], [0.5] * 4, [EOS] * 4, [EOS] * 4,
-                       block_lo=8, runner_up=[1] * 4, runner_up_confidence=[0.05] * 4),
+            StepRecord(r, 2, 1, 4, False, [8, 9, 10, 11], [], [], [6, 7, 8, 9, 10, 11], [0.5] * 6, [EOS] * 6, [EOS] * 4,
+                       block_lo=8, runner_up=[1] * 6, runner_up_confidence=[0.05] * 6),
         ]
     return Trajectory(steps, canvases=[RowCanvas([5, 6, 7, 8], 12) for _ in range(rows)], mask_token_id=MASK,
                       eos_token_id=EOS, block_length=4)
