@@ -248,7 +248,7 @@ def test_keys_win_over_the_row_selector_and_trailing_eos_and_marks_draw(browser,
     assert canvas(browser) == ref[3]
     runs = browser.execute_script("return [...document.querySelectorAll('#canvas-0 .tok.run')].map(s => "
                                   "[+s.dataset.pos, +s.dataset.count, s.textContent])")
-    assert runs == [[6, 2, "0 \u00d72"], [8, 4, "0 \u00d74"]]  # one chip per line of the run, though all look alike
+    assert runs == [[6, 2, "EOS \u00d72"], [8, 4, "EOS \u00d74"]]  # one chip per line of the run, though all look alike
     marks = "return Object.fromEntries([...document.querySelectorAll('#canvas-0 [data-marks]')].map(s => [s.dataset.pos, s.dataset.marks]))"
     assert browser.execute_script(marks) == {}
     press(browser, Keys.ARROW_LEFT)  # forward 2: EOS at 6, 7 with masks after them are trailing too

@@ -142,7 +142,7 @@ function render(){
       s.dataset.pos = i; s.dataset.token = c[0]; s.dataset.kind = l.kind;
       s.dataset.conf = c[2]; s.dataset.ru = c[3]; s.dataset.rup = c[4];
       s.textContent = c[0] === D.mask ? "\u00b7" : text(c[0]);
-      if (n > 1){ s.dataset.count = n; s.classList.add("run"); s.textContent += " \u00d7" + n; }
+      if (n > 1){ s.dataset.count = n; s.classList.add("run"); s.textContent = "EOS \u00d7" + n; }  // short: a grid line holds it
       line.appendChild(s);
       i += n;
     }
