@@ -239,6 +239,9 @@ def test_cli_compare_html(tmp_path, capsys):
     assert said.startswith(f"  side by side: {out} (rows: instances {rows[0][9:]}, {rows[1][9:]}, where A and B "
                            "disagree first; ")
     assert said.endswith(" of 2 instances give the same completion under A and B)")
+    title = re.search(r"<title>(.*?)</title>", out.read_text()).group(1)
+    shown = said.split(" (", 1)[1]
+    assert title == f"dlm compare pick: A llada2.1-q vs B llada2.1-s \u00b7 testbed-v2-editable ({shown}"
 
 
 def test_trial_logs_a_trajectory_page(tmp_path):

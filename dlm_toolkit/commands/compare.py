@@ -96,7 +96,7 @@ def write_compare_html(args: argparse.Namespace, model: object, tokenizer: objec
     from dlm_toolkit.step.loop import decode
     from dlm_toolkit.evaluation.evaluate import task_prompt
     from dlm_toolkit.step.state import row_seed
-    from dlm_toolkit.viewer import compare_page, write_page
+    from dlm_toolkit.viewer import compare_page, page_title, write_page
 
     order, agree = disagreement_order(records_a, records_b)
     picked = order[:SHOWN]
@@ -109,7 +109,8 @@ def write_compare_html(args: argparse.Namespace, model: object, tokenizer: objec
     labels = (f"A {policy_label(args.a, args.set_a)}", f"B {policy_label(args.b, args.set_b)}")
     shown = (f"rows: instances {', '.join(map(str, picked))}, where A and B disagree first; "
              f"{agree} of {len(order)} instances give the same completion under A and B")
-    title = f"dlm compare: {labels[0]} vs {labels[1]} ({shown})"
+    title = page_title(f"dlm compare {task.name}", f"{labels[0]} vs {labels[1]}", None, args.checkpoint)  # type: ignore
+    title += f" ({shown})"
     page = compare_page(runs[0], runs[1], tokenizer, labels=labels, every=args.every, title=title,
                         row_labels=[f"instance {i}" for i in picked])
     write_page(args.html, page, args.overwrite)

@@ -5,8 +5,10 @@
   token coloured by what last happened to it (prompt, committed by M2T, edited by T2T, remasked,
   inserted, closed up after a delete, still masked) and shaded by that event's confidence; hover
   shows the confidence and the runner-up token. The active block is tinted, the forward's window
-  (the MBE edit window) underlined, post steps marked; a strip of bars per forward shows tokens
-  written and edits; batch rows are selectable.
+  (the MBE edit window) underlined, post steps marked, a step hook's per-slot outputs
+  (``StepRecord.marks``) drawn on the tokens they mark, the EOS after the last other token as one
+  chip per line; a strip of bars per forward shows tokens written and edits; batch rows are
+  selectable (the page's keys step frames wherever the focus is).
 * :func:`compare_page` — two decodes of the same prompts in lock-step by forward, the positions
   where their canvases differ outlined, with their final texts, NFE and TPF.
 * :func:`view` — the page for Jupyter (``Trajectory._repr_html_`` uses it).
