@@ -61,13 +61,14 @@ def trajectory_of(result: Any) -> Trajectory:
 
 
 def _texts(tokenizer: Any, ids: set[int], mask_token_id: int) -> tuple[dict[str, str], dict[int, int]]:
-    """Each token's text as shown (cut at :data:`MAX_TOKEN_CHARS`) and its full length."""
+    """Each token's text as shown (cut at :data:`MAX_TOKEN_CHARS`; the mask shows as a dot) and its
+    full length."""
     out, full = {}, {}
     for t in sorted(ids):
-        if t == mask_token_id:
-            continue
         text = str(t) if tokenizer is None else str(tokenizer.decode([t], skip_special_tokens=False))
-        out[str(t)], full[t] = cut_text(text, MAX_TOKEN_CHARS), len(text)
+        full[t] = len(text)
+        if t != mask_token_id:
+            out[str(t)] = cut_text(text, MAX_TOKEN_CHARS)
     return out, full
 
 
