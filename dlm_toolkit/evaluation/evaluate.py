@@ -132,7 +132,7 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
     metrics = metrics_from(totals, len(records))
     extra = getattr(task, "extra_metrics", None)  # per-group scores (livecodebench: per difficulty/platform)
     if extra is not None:
-        metrics.update(extra(instances, [r["score"] for r in records]))
+        metrics.update(extra(instances, [r["score"] for r in records], [r["completion"] for r in records]))
     return EvalResult(metrics, records, chat=chat)
 
 
@@ -141,7 +141,8 @@ def task_prompt(tokenizer: Any, task: Task, instance: Any, chat: bool) -> list[i
     the task's system turn, if any) through the tokenizer's chat template."""
     if not chat:
         return encode_prompt(tokenizer, instance.prompt, False)
-    return encode_prompt(tokenizer, task.user_message(instance), True, task.system)
+    return encode_prompt(tokenizer, task.user_message(instance), True, task.system,
+                         messages=task.chat_messages(instance))
 
 
 MAX_GENERATED_N = 100_000  # instances of a generated task one evaluation may decode

@@ -29,6 +29,7 @@ from .livecodebench import LiveCodeBenchTask
 from .lm_eval_task import LmEvalTask
 from .math500 import Math500Task
 from .mbpp import HumanEvalPlusTask, MBPPPlusTask, MBPPTask
+from .parallelbench import ParallelBenchTask
 from .pick import PickTask
 from .sort import SortTask
 from .sudoku import SudokuTask
@@ -49,6 +50,7 @@ __all__ = [
     "MBPPPlusTask",
     "MBPPTask",
     "Math500Task",
+    "ParallelBenchTask",
     "EitherTask",
     "PickTask",
     "HumanEvalTask",
@@ -72,6 +74,7 @@ TASKS: dict[str, type[Task]] = {
 }
 """Task name -> task class."""
 TASKS[BigCodeBenchTask.name] = BigCodeBenchTask
+TASKS[ParallelBenchTask.name] = ParallelBenchTask
 
 PROMPT_OPTIONS = ("chat", "system")
 """Options every task takes besides its constructor's (see :mod:`dlm_toolkit.models.chat`)."""

@@ -119,6 +119,12 @@ class Task(ABC):
         plain prompt; benchmarks whose raw prompt is completion-style give an instruction."""
         return instance.meta.get("chat_prompt", instance.prompt)
 
+    def chat_messages(self, instance: Instance) -> list[dict[str, str]] | None:
+        """The whole conversation for the chat template when the task has several turns (in-context
+        examples as earlier user/assistant turns); None (the default): one user turn,
+        :meth:`user_message`."""
+        return None
+
     def canonical_key(self, instance: Instance) -> str:
         """The problem's identity for the train/eval split; by default its prompt."""
         return instance.prompt

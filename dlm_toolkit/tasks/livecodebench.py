@@ -377,7 +377,8 @@ class LiveCodeBenchTask(BenchmarkTask):
             return 0.0  # no fenced program: nothing to run
         return float(self.run(instance, completion).passed)
 
-    def extra_metrics(self, instances: Sequence[Instance], scores: Sequence[float]) -> dict[str, float]:
+    def extra_metrics(self, instances: Sequence[Instance], scores: Sequence[float],
+                      completions: Sequence[str] = ()) -> dict[str, float]:
         """pass@1 per difficulty and per platform present: ``accuracy_<difficulty>``, ``accuracy_<platform>``."""
         groups: dict[str, list[float]] = {}
         for inst, score in zip(instances, scores):
