@@ -64,6 +64,8 @@ def test_notebook_runs(name, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]  # nbconvert names the failing cell and its error
     executed = json.loads((tmp_path / "out" / name).read_text())
     assert all(c.get("execution_count") for c in executed["cells"] if c["cell_type"] == "code")
+    printed = json.dumps([c.get("outputs", []) for c in executed["cells"]])
+    assert "IProgress not found" not in printed, f"{name}: tqdm found no ipywidgets (the [notebooks] extra pins it)"
     assert set(NOTEBOOK_DIR.iterdir()) == before, f"{name} wrote into notebooks/"
     litter = {n for n in ROOT_LITTER if (REPO / n).exists()} - root_before
     assert not litter, f"{name} wrote {sorted(litter)} into the repository root"

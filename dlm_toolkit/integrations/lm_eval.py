@@ -20,6 +20,8 @@ seeded from ``seed`` and the request itself -- task, document, arguments and, fo
 repeats, its occurrence -- so a request decodes and scores the same whatever batch, group or
 other requests it comes with), ``stop_every`` (blocks between stop-string checks), ``kv_cache``,
 ``mc_num`` and ``mc_batch_size`` (loglikelihood: Monte-Carlo samples per request, and per forward),
+``loglik_last_block`` (``pad``, the default: the answer's last block padded with masks as a decode
+canvas; ``cut``: the sequence ends at the answer, LLaDA's estimator; :mod:`~dlm_toolkit.integrations.loglik`),
 ``tracking_uri`` (MLflow; default ``$MLFLOW_TRACKING_URI`` when set) and ``experiment_name``;
 lm-eval's ``--batch_size`` is the decode batch.
 
@@ -50,7 +52,7 @@ from dlm_toolkit.models.chat import chat_text, has_chat_template
 from dlm_toolkit.config import ConfigError, parse_value
 from dlm_toolkit.evaluation.generate import generate, validate_stops
 
-__all__ = ["DlmLM", "main", "write_gsm8k_task"]
+__all__ = ["DlmLM", "delimiter_trap", "main", "write_gsm8k_task"]
 
 DEFAULT_MAX_GEN_TOKS = 256
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm-eval's CLI passes this unless --device says otherwise
@@ -76,11 +78,12 @@ class DlmLM(LM):
                  set: str | None = None, device: str | None = None, dtype: str | None = None, batch_size: int | str = 8,
                  max_batch_size: int | None = None, seed: int = 0, threads: int | None = None, stop_every: int = 1,
                  kv_cache: bool = True, tracking_uri: str | None = None, experiment_name: str = "dlm-lm-eval",
-                 mc_num: int = 128, mc_batch_size: int = 32, pretrained: str | None = None, **unused: Any) -> None:
+                 mc_num: int = 128, mc_batch_size: int = 32, loglik_last_block: str = "pad",
+                 pretrained: str | None = None, **unused: Any) -> None:
         super().__init__()
         from dlm_toolkit.util.distributed import init_from_env
         from dlm_toolkit.evaluation.evaluate import load_checkpoint
-        from dlm_toolkit.integrations.loglik import check_mc_args
+        from dlm_toolkit.integrations.loglik import check_last_block, check_mc_args
         from dlm_toolkit.strategy.policy import DecodingPolicy
         from dlm_toolkit.strategy.policy_config import load_policy
         from dlm_toolkit.util.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
@@ -93,6 +96,8 @@ class DlmLM(LM):
         if not checkpoint:
             raise ConfigError("model_args: checkpoint=DIR (or pretrained=DIR) is required")
         self.mc_num, self.mc_batch_size = check_mc_args(mc_num, mc_batch_size)
+        self.loglik_last_block = check_last_block(loglik_last_block)
+        self._warned_delimiter = False
         self.config = load_policy(policy or preset, _sets(set))
         self.policy = DecodingPolicy(self.config)
         self.batch_size = 8 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
@@ -159,13 +164,19 @@ class DlmLM(LM):
             check_task_context(self.model, len(ctx_ids) + len(cont_ids), self.policy,
                                "lm-eval loglikelihood request (context + continuation)")
             pairs.append((ctx_ids, cont_ids))
+        if not self._warned_delimiter and _is_main():
+            trap = delimiter_trap(self.tokenizer, pairs)
+            if trap is not None:
+                self._warned_delimiter = True
+                logging.getLogger(__name__).warning(trap)
         out = []
         seeds = request_seeds(self.seed, requests)
         for i, ((ctx_ids, cont_ids), seed) in enumerate(tqdm(list(zip(pairs, seeds)), desc="dlm loglikelihood",
                                                              disable=disable_tqdm or not _is_main())):
             est = estimate_loglikelihood(self.model, ctx_ids, cont_ids, self.policy.blocks.block_length,
                                          mc_num=self.mc_num, mc_batch_size=self.mc_batch_size,
-                                         generator=torch.Generator().manual_seed(seed))
+                                         generator=torch.Generator().manual_seed(seed),
+                                         last_block=self.loglik_last_block)
             self.loglik_log.append({"request": len(self.loglik_log), "logprob": est.logprob, "stderr": est.stderr,
                                     "samples": est.samples, "exact": est.exact, "greedy": est.greedy,
                                     "continuation_tokens": len(cont_ids)})
@@ -195,7 +206,8 @@ class DlmLM(LM):
             total, var = 0.0, 0.0
             for lo in range(0, len(ids), width):
                 est = estimate_loglikelihood(self.model, ids[max(0, lo - width):lo], ids[lo:lo + width], block,
-                                             mc_num=self.mc_num, mc_batch_size=self.mc_batch_size, generator=gen)
+                                             mc_num=self.mc_num, mc_batch_size=self.mc_batch_size, generator=gen,
+                                             last_block=self.loglik_last_block)
                 total, var = total + est.logprob, var + est.stderr ** 2
             self.loglik_log.append({"request": len(self.loglik_log), "logprob": total, "stderr": var ** 0.5,
                                     "rolling": True, "tokens": len(ids)})
@@ -272,6 +284,7 @@ class DlmLM(LM):
         if self.loglik_log:
             errors = [r["stderr"] for r in self.loglik_log]
             info["dlm"]["loglikelihood"] = {"mc_num": self.mc_num, "mc_batch_size": self.mc_batch_size,
+                                            "last_block": self.loglik_last_block,
                                             "requests": len(self.loglik_log), "stderr_max": max(errors),
                                             "stderr_mean": sum(errors) / len(errors), "per_request": self.loglik_log}
         if self.tracking_uri and _is_main() and self.requests_log:
@@ -328,6 +341,29 @@ filter_list:
         regex_pattern: "(-?[$0-9.,]{{2,}})|(-?[0-9]+)"
       - function: "take_first"
 """
+
+
+def delimiter_trap(tokenizer: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> str | None:
+    """A warning when the continuations start with a whitespace-only token that no context ends
+    with, else None.
+
+    lm-eval puts ``target_delimiter`` (default ``" "``) between context and choice. A BPE vocabulary
+    folds that space into the choice's first token (``"Ġ5"``), which is what the model saw in
+    training; a character- or byte-level one encodes it as a token of its own, which a model trained on
+    ``question answer`` text without it rarely predicts there, so every choice is scored on an unlikely
+    first token and the ranking is mostly noise (the testbed: 0.35 accuracy on a 4-option task where
+    ``target_delimiter: ""`` gives 1.00). Where some context itself ends with that token the space is
+    part of the task's format, and nothing is said."""
+    firsts = {cont[0] for _, cont in pairs if cont}
+    ends = {ctx[-1] for ctx, _ in pairs if ctx}
+    for token in sorted(firsts - ends):
+        text = tokenizer.decode([token])
+        if text and not text.strip():
+            return (f"lm-eval loglikelihood: continuations start with {text!r} encoded as a token of its own, which no "
+                    "context ends with: with this tokenizer the model is asked to predict the delimiter before each "
+                    "choice, which it rarely saw there. If the task's target_delimiter is lm-eval's default ' ', set "
+                    "target_delimiter: \"\" in its YAML (README: 'Multiple choice through lm-eval')")
+    return None
 
 
 def write_gsm8k_task(folder: str | os.PathLike, data: str | os.PathLike, max_gen_toks: int = 256,

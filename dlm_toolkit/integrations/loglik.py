@@ -10,8 +10,13 @@ way it is decoded, block by block (blocks of ``B`` aligned at absolute position 
 ``l_b``: continuation positions in block ``b``; ``S_b``: ``k_b`` of them, a uniformly random
 subset, replaced by the mask token. Each block sees the context and the earlier blocks clean (the
 decode's view when it reaches block ``b``; teacher-forced as in training) and its own unmasked
-positions; positions of the last block past the continuation hold the mask token, as in a decode
-canvas, so the continuation is scored as the start of a generation (the rest is marginalised).
+positions. The end of the sequence is a convention (``last_block``): ``"pad"`` (the default) fills
+the last block past the continuation with mask tokens, as in a decode canvas, so the continuation is
+scored as the start of a generation (the rest is marginalised); ``"cut"`` ends the sequence at the
+continuation's last token, as LLaDA's own estimator does (the last block is then shorter than ``B``).
+The two differ by a few nats on short answers, in either direction (the v2 testbed, blocks of 32,
+``12+34=`` then ``47``: about -12.6 nats padded, -9.4 cut; ``3+96=`` then ``98``: -7.3, -8.6), so
+say which one a number used.
 All blocks of one sample go through ONE forward in the ``[x_t ; x_0]`` layout the model was
 trained on (:func:`~dlm_toolkit.training.objective.block_diffusion_attn_mask`). A full-attention
 model (LLaDA-1 style) is one block holding context and continuation, no padding: LLaDA's estimator.
@@ -35,10 +40,12 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.training.objective import block_diffusion_attn_mask
 
-__all__ = ["LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_mc_args", "estimate_loglikelihood"]
+__all__ = ["LAST_BLOCK", "LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_last_block", "check_mc_args",
+           "estimate_loglikelihood"]
 
 MAX_MC_NUM = 100_000  # samples per request; LLaDA's evaluation uses 128, dllm up to 1024
 MAX_MC_BATCH = 4096  # rows of one forward
+LAST_BLOCK = ("pad", "cut")  # how the sequence ends after the continuation (module docstring)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,15 @@ def check_mc_args(mc_num: object, mc_batch_size: object) -> tuple[int, int]:
     return n, b
 
 
+def check_last_block(value: object) -> str:
+    """``value`` if it is one of :data:`LAST_BLOCK`, else one line naming the option."""
+    if value not in LAST_BLOCK:
+        raise ConfigError(f"loglik_last_block: must be one of {', '.join(LAST_BLOCK)} (got {value!r}): pad fills the "
+                          "last block with masks as a decode does, cut ends the sequence at the answer as LLaDA's "
+                          "estimator does")
+    return str(value)
+
+
 def _groups(P: int, l: int, block: int | None) -> list[torch.Tensor]:
     """Continuation offsets (0..l-1) grouped by block; one group for a full-attention model."""
     if block is None:
@@ -92,7 +108,7 @@ def _draw(groups: list[torch.Tensor], l: int, n: int, gen: torch.Generator) -> t
 
 def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuation: Sequence[int],
                            block_length: int, *, mc_num: int = 128, mc_batch_size: int = 32,
-                           generator: torch.Generator | None = None) -> LoglikEstimate:
+                           generator: torch.Generator | None = None, last_block: str = "pad") -> LoglikEstimate:
     """Estimate ``log p(continuation | context)`` (the ELBO of the module docstring).
 
     Args:
@@ -101,8 +117,11 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
         block_length: the decode's block length (ignored by a full-attention model).
         mc_num, mc_batch_size: samples, and samples per forward (:func:`check_mc_args`).
         generator: CPU generator the masks are drawn from (seed it for reproducible estimates).
+        last_block: ``"pad"`` (masks to the end of the last block) or ``"cut"`` (the sequence ends
+            at the continuation): see the module docstring.
     """
     mc_num, mc_batch_size = check_mc_args(mc_num, mc_batch_size)
+    last_block = check_last_block(last_block)
     P, l = len(context), len(continuation)
     if l == 0:
         return LoglikEstimate(0.0, 0.0, 1, True, True)
@@ -110,12 +129,12 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
     full = getattr(model, "attention", "block_causal") == "full"
     B = None if full else int(block_length)
     mask_id = int(model.mask_token_id)
-    L = P + l if full else -(-(P + l) // B) * B
+    L = P + l if full or last_block == "cut" else -(-(P + l) // B) * B
     x0 = torch.tensor([*context, *continuation] + [mask_id] * (L - P - l), dtype=torch.long)
     pos = torch.arange(L)
     blk = torch.zeros(L, dtype=torch.long) if full else pos // B
     noisy_from = 0 if full else (P // B) * B  # blocks holding continuation positions
-    clean_to = 0 if full else L - B  # the last clean block is never attended
+    clean_to = 0 if full else (L - 1) // B * B  # the last block's clean copy is never attended
     T_noisy = L - noisy_from
     flags = torch.cat([torch.ones(T_noisy, dtype=torch.bool), torch.zeros(clean_to, dtype=torch.bool)])
     blocks = torch.cat([blk[noisy_from:], blk[:clean_to]])

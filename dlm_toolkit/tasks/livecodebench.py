@@ -265,9 +265,12 @@ class LiveCodeBenchTask(BenchmarkTask):
         files = [folder / name for name in RELEASE_FILES[self.release_version]]
         missing = [p for p in files if not p.is_file()]
         if missing:
+            present = [name for name in RELEASE_FILES if all((folder / f).is_file() for f in RELEASE_FILES[name])]
+            other = (f"; the files there make up {', '.join(present)}: pick one with --task-arg release_version=NAME "
+                     "(task_args: {release_version: NAME})") if present else ""
             raise DataError(f"task '{self.name}': {self.release_version} needs {', '.join(map(str, missing))} "
                             f"({where}); put them there with: {self.source.fetch} (licence: {self.source.licence}), "
-                            "or pass --data PATH (the folder, or one JSONL file)")
+                            f"or pass --data PATH (the folder, or one JSONL file){other}")
         return files
 
     @property
