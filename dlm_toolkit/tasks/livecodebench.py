@@ -52,11 +52,14 @@ from .base import Instance
 from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
 from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
 from .sandbox import SandboxResult, check_isolation, run_tests
-from .stdio import call_candidate, call_tests, run_timeout, stdio_candidate, stdio_tests
+from .stdio import call_candidate, call_limit, call_tests, run_timeout, stdio_candidate, stdio_tests
 
 MAX_RELEASE_BYTES = 64 << 30  # one release file; the official ones are a few GB, read a line at a time
+MAX_TESTS = 10_000
+"""Most tests one problem may have, public and private together (the official problems have tens to a few
+hundred); checked before any test is parsed, so a record of a million tests is one line, not minutes."""
 
-__all__ = ["FIELDS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
+__all__ = ["FIELDS", "MAX_TESTS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
 
 _FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")
 RELEASE_FILES: dict[str, tuple[str, ...]] = {
@@ -108,20 +111,27 @@ def extract_code(completion: str) -> str:
 class _Where:
     path: Path
     line: int
+    question_id: str | None = None
 
     def error(self, field: str, what: str) -> DataError:
-        return DataError(f"{self.path}:{self.line}: field '{field}': {what}")
+        qid = "" if self.question_id is None else f"question {self.question_id[:100]!r}: "
+        return DataError(f"{self.path}:{self.line}: {qid}field '{field}': {what}")
 
 
-def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) -> list[tuple[Any, Any]]:
+def parse_tests(value: Any, where: _Where, field: str, func_name: str | None,
+                room: int = MAX_TESTS) -> list[tuple[Any, Any]]:
     """``[(input, output)]`` from a decoded test list: ``(stdin, stdout)`` strings, or for a
     call-based problem ``(argument list, expected value)`` (each input line one JSON argument).
+    At most ``room`` tests (what :data:`MAX_TESTS` leaves after the problem's other tests).
 
     Raises:
         DataError: naming ``where`` and ``field``.
     """
     if not isinstance(value, list):
         raise where.error(field, f"must be a list of tests, found {type(value).__name__}")
+    if len(value) > room:
+        raise where.error(field, f"{len(value)} tests; a problem may have at most {MAX_TESTS}, public and private "
+                                 "together")
     out = []
     for k, test in enumerate(value):
         if not isinstance(test, dict) or not isinstance(test.get("input"), str) or \
@@ -320,6 +330,7 @@ class LiveCodeBenchTask(BenchmarkTask):
 
     def _parse(self, raw: bytes, where: _Where, offset: int) -> Instance | None:
         r = self._record(raw, where)
+        where = _Where(where.path, where.line, r["question_id"])
         try:
             date = datetime.fromisoformat(r["contest_date"]).replace(tzinfo=None)
         except ValueError:
@@ -334,7 +345,7 @@ class LiveCodeBenchTask(BenchmarkTask):
             raise where.error("metadata", f"func_name {func_name!r} is not a Python identifier")
         public = parse_tests(_json_field(r, "public_test_cases", where), where, "public_test_cases", func_name)
         private = parse_tests(decode_private(r["private_test_cases"], where, self.max_test_bytes), where,
-                              "private_test_cases", func_name)
+                              "private_test_cases", func_name, MAX_TESTS - len(public))
         if not public and not private:
             raise where.error("public_test_cases", "the problem has no test at all")
         if (self.start is not None and date < self.start) or (self.end is not None and date > self.end):
@@ -350,27 +361,28 @@ class LiveCodeBenchTask(BenchmarkTask):
         """Public then private tests of ``instance`` (the private ones re-read from the file, so a
         whole release is never held decoded in memory)."""
         path, offset, line = instance.meta["source"]
-        where = _Where(Path(path), line)
+        where = _Where(Path(path), line, instance.meta["question_id"])
         with open(path, "rb") as f:
             f.seek(offset)
             record = self._record(self._line(f, where), where)
         private = parse_tests(decode_private(record["private_test_cases"], where, self.max_test_bytes), where,
-                              "private_test_cases", instance.meta["func_name"])
+                              "private_test_cases", instance.meta["func_name"], MAX_TESTS - len(instance.meta["public"]))
         return list(instance.meta["public"]) + private
 
     # ----------------------------------------------------------------- scoring
     def programs(self, instance: Instance, completion: str) -> tuple[str, str, str, int]:
-        """``(candidate program, test program, entry point, number of tests)`` for ``completion``."""
+        """``(candidate program, test program, entry point, number of timed calls)`` for ``completion``."""
         code, cases, func = extract_code(completion), self.cases(instance), instance.meta["func_name"]
         if func is None:
-            return stdio_candidate(code), stdio_tests(cases, self.timeout_s), "run_stdio", len(cases)
-        return call_candidate(code, func, self.timeout_s), call_tests(cases, self.timeout_s), "run_call", len(cases)
+            return stdio_candidate(code), stdio_tests(cases), "run_stdio", len(cases)
+        return call_candidate(code, func), call_tests(cases), "run_call", len(cases) + 1  # the load is timed as a test
 
     def run(self, instance: Instance, completion: str) -> SandboxResult:
         """The sandbox report of ``completion`` on all of the instance's tests."""
         candidate, tests, entry, n = self.programs(instance, completion)
         return run_tests(candidate, tests, entry, timeout_s=run_timeout(self.timeout_s, n), memory_mb=self.memory_mb,
-                         unsafe_exec=self.unsafe_exec, isolation=self.isolation)
+                         unsafe_exec=self.unsafe_exec, isolation=self.isolation,
+                         call_timeout_s=call_limit(self.timeout_s))
 
     def score(self, instance: Instance, completion: str) -> float:
         if not extract_code(completion).strip():

@@ -163,6 +163,7 @@ def run_tests(
     isolation: str | None = None,
     tmp_mb: int = 64,
     workdir_mb: int = 64,
+    call_timeout_s: float | None = None,
 ) -> SandboxResult:
     """Run ``tests`` against the function ``entry_point`` that ``solution`` defines, across a
     plain-data boundary; the verdict comes from the test side only.
@@ -192,6 +193,10 @@ def run_tests(
         guard: the reliability guard on the candidate side (the test side runs the benchmark's
             own code and only ever holds plain data, so it goes without).
         unsafe_exec, isolation, python, tmp_mb, workdir_mb: as in :func:`run_python` (per side).
+        call_timeout_s: each call of ``entry_point`` must be answered within this many seconds of
+            the test side's clock, transfer included, or the run fails ("time limit exceeded"):
+            the candidate's time is measured outside its process, so it cannot catch or stop the
+            timer (the candidate is killed when the run ends). ``None``: only ``timeout_s``.
 
     Returns:
         A :class:`SandboxResult`: ``passed`` iff the test side reported that the tests ran to
@@ -203,6 +208,8 @@ def run_tests(
     """
     if not (isinstance(entry_point, str) and entry_point.isidentifier() and not keyword.iskeyword(entry_point)):
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
+    if call_timeout_s is not None and not (type(call_timeout_s) in (int, float) and 0 < call_timeout_s < 1e9):
+        raise ValueError(f"call_timeout_s must be a number of seconds in (0, 1e9), got {call_timeout_s!r}")
     exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation, tmp_mb, workdir_mb)
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
@@ -220,7 +227,7 @@ def run_tests(
             tester = stack.enter_context(SandboxProcess(  # the benchmark's own code: no guard to import (~50 ms)
                 mode="tests", files={"tests": tests},
                 fds={"requests_fd": requests_w, "replies_fd": replies_r, "report_fd": report_w},
-                **{**common, "guard": False}))
+                **{**common, "guard": False, "extra": {"entry_point": entry_point, "call_timeout_s": call_timeout_s}}))
             for fd in ours:  # only the two sides hold the channel now: a side that dies means EOF
                 os.close(fd)
             ours = []
