@@ -314,7 +314,7 @@ def test_per_group_metrics_are_hand_computed():
     insts = task.instances(4, 0, "eval")  # easy atcoder, medium codeforces, easy leetcode, hard atcoder
     assert task.extra_metrics(insts, [1.0, 0.0, 0.0, 1.0]) == {
         "accuracy_atcoder": 1.0, "accuracy_codeforces": 0.0, "accuracy_easy": 0.5, "accuracy_hard": 1.0,
-        "accuracy_leetcode": 0.0, "accuracy_medium": 0.0}
+        "accuracy_leetcode": 0.0, "accuracy_medium": 0.0, "env_missing": 0.0}
 
 
 # ----------------------------------------------------------------------------- grading in the sandbox

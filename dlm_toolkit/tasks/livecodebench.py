@@ -9,9 +9,12 @@ maps ``release_v1`` .. ``release_v6``, ``release_latest``, ``vN`` and ``vN_vM``)
 (read whole). Problems are then kept by contest date as the official runner does:
 ``start_date <= contest_date <= end_date`` (``YYYY-MM-DD``, both optional).
 
-Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))``: decoded by
-:mod:`.safe_pickle`, which never unpickles an object and bounds the decompressed size. Every field is
-checked when the file is read: a bad one is one line naming the file, the line and the field.
+Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))`` (the official encoding: a
+pickled *string*, so its pickle never reads the memo): decoded by :mod:`.safe_pickle`, which never
+unpickles an object, admits no memo read, and bounds the decompressed bytes (``max_test_mb``), the
+opcodes and the containers; a problem has at most :data:`MAX_TESTS` tests. Every check is linear in
+the bytes read. Every field is checked when the file is read: a bad one is one line naming the
+file, the line, the question id and the field.
 
 Prompt: the official generic format (``lcb_runner/prompts/code_generation.py``): the system message,
 ``### Question:``, then with starter code "use the following starter code" and the code in a fence,
@@ -23,14 +26,29 @@ as the user turn. The program is what lies between the last two lines holding a 
 Grading (:mod:`.stdio`, as ``lcb_runner/evaluation/testing_util.py``): public then private tests in
 order, the first failing one fails the problem; LeetCode problems (``metadata.func_name``) are
 call-based, ``Solution().func_name(*args)`` with each input line a JSON argument, the result
-``==`` the JSON output; the others are stdin/stdout, compared line by line after stripping, as
-``Decimal`` numbers where the text differs. Per-test timeout ``timeout_s`` (official default 6 s),
-whole run ``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict
-decided on the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Two lenient
-departures, both what a real judge allows: ``sys.stdin.buffer`` works and the per-test globals
-``stdin``/``stdout`` are the redirected streams. Limits of ours: a program may print at most twice
-the expected output + 64 Ki characters (more is a failure, "flood"); one test's input or output
-crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
+``==`` the JSON output (JSON numbers parsed as the official grader parses them: integers exact,
+decimals as floats); the others are stdin/stdout, compared line by line after stripping, as exact
+``Decimal`` numbers where the text differs (never floats: two 21-digit integers differ). Time:
+per test ``timeout_s`` (official default 6 s) + 1 s for the transfer, measured by the test side
+from outside the candidate's process (the official grader's ``SIGALRM`` runs inside it, where
+``except BaseException`` catches it; here no timer runs there, and a test not answered in time
+fails, the candidate killed); a call-based solution's load is timed as one more test; whole run
+``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict decided on
+the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Limits of ours: a program may
+print at most twice the expected output + 64 Ki characters (more is a failure, "flood"); one test's
+input or output crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
+
+Deliberate departures from the official grader, each what a real judge allows (one test each in
+``tests/test_livecodebench_hostile.py``): a program that iterates ``sys.stdin`` (``for line in
+sys.stdin``) passes, and so does one that calls ``quit()``/``exit()`` after printing its answer
+(both a runtime error under the official grader's patched stdin); ``sys.stdin.buffer`` works, and
+the per-test globals ``stdin``/``stdout`` are the redirected streams.
+
+Missing libraries: the sandbox's interpreter may not be the evaluator's (``/usr/bin/python3``
+stands in where the sandbox's users cannot read it, :func:`~.sandbox.runner.sandbox_python`; said
+on stderr when the task is built). An answer that fails importing a library the evaluator's
+interpreter has (numpy) is still a failure, but counted as ``env_missing`` (a metric, and one line
+naming the interpreter and the libraries, :meth:`LiveCodeBenchTask.env_report`), never silently.
 
 Metrics: pass@1 (one greedy completion per problem) as the task's score, and per difficulty and
 platform through :meth:`LiveCodeBenchTask.extra_metrics` (``accuracy_easy``, ``accuracy_leetcode``, ...).
@@ -38,8 +56,12 @@ platform through :meth:`LiveCodeBenchTask.extra_metrics` (``accuracy_easy``, ``a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import sys
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +74,7 @@ from .base import Instance
 from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
 from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
 from .sandbox import SandboxResult, check_isolation, run_tests
+from .sandbox.runner import sandbox_python
 from .stdio import call_candidate, call_limit, call_tests, run_timeout, stdio_candidate, stdio_tests
 
 MAX_RELEASE_BYTES = 64 << 30  # one release file; the official ones are a few GB, read a line at a time
@@ -85,6 +108,23 @@ WITHOUT_STARTER = ("Read the inputs from stdin solve the problem and write the a
 
 _FETCH = ("mkdir -p data/livecodebench && for f in " + " ".join(_FILES) + "; do curl -fL -o data/livecodebench/$f "
           "https://huggingface.co/datasets/livecodebench/code_generation_lite/resolve/main/$f; done")
+
+
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def env_missing_module(reason: str) -> str | None:
+    """The library a failed run could not import although the evaluator's own interpreter finds it
+    (where the official grader runs the code): the sandbox's environment failed the answer, not the
+    answer. ``None`` for any other failure, a module nobody has among them."""
+    match = _NO_MODULE.search(reason)
+    if match is None:
+        return None
+    try:  # a top-level name: looked up on sys.path, never imported (the name came from the candidate)
+        found = importlib.util.find_spec(match.group(1)) is not None
+    except (ImportError, ValueError):
+        found = False
+    return match.group(1) if found else None
 
 
 def lcb_prompt(question: str, starter_code: str) -> str:
@@ -130,8 +170,8 @@ def parse_tests(value: Any, where: _Where, field: str, func_name: str | None,
     if not isinstance(value, list):
         raise where.error(field, f"must be a list of tests, found {type(value).__name__}")
     if len(value) > room:
-        raise where.error(field, f"{len(value)} tests; a problem may have at most {MAX_TESTS}, public and private "
-                                 "together")
+        raise where.error(field, f"{MAX_TESTS - room + len(value)} tests, public and private together; a problem "
+                                 f"may have at most {MAX_TESTS}")
     out = []
     for k, test in enumerate(value):
         if not isinstance(test, dict) or not isinstance(test.get("input"), str) or \
@@ -254,6 +294,14 @@ class LiveCodeBenchTask(BenchmarkTask):
         self.max_test_bytes = int(max_test_mb * (1 << 20))
         self.unsafe_exec = bool(unsafe_exec)
         self.isolation = check_isolation(unsafe_exec)
+        self.sandbox_python = sandbox_python(self.isolation)
+        self.env_missing: dict[str, str] = {}
+        """Question id -> the library its latest scored answer failed to import in the sandbox
+        though the evaluator's interpreter has it (:func:`env_missing_module`)."""
+        if os.path.realpath(self.sandbox_python) != os.path.realpath(sys.executable):
+            print(f"livecodebench: the sandbox runs {self.sandbox_python}, not the evaluator's {sys.executable} (which "
+                  "its users cannot read): an answer importing a library only the latter has fails and is counted as "
+                  "env_missing", file=sys.stderr)
         self.files = self._files(data)
         self.path = self.files[0]
         self._instances = [inst for path in self.files for inst in self._read(path)]
@@ -366,7 +414,8 @@ class LiveCodeBenchTask(BenchmarkTask):
             f.seek(offset)
             record = self._record(self._line(f, where), where)
         private = parse_tests(decode_private(record["private_test_cases"], where, self.max_test_bytes), where,
-                              "private_test_cases", instance.meta["func_name"], MAX_TESTS - len(instance.meta["public"]))
+                              "private_test_cases", instance.meta["func_name"],
+                              MAX_TESTS - len(instance.meta["public"]))
         return list(instance.meta["public"]) + private
 
     # ----------------------------------------------------------------- scoring
@@ -385,17 +434,42 @@ class LiveCodeBenchTask(BenchmarkTask):
                          call_timeout_s=call_limit(self.timeout_s))
 
     def score(self, instance: Instance, completion: str) -> float:
+        qid = str(instance.meta["question_id"])
         if not extract_code(completion).strip():
+            self.env_missing.pop(qid, None)
             return 0.0  # no fenced program: nothing to run
-        return float(self.run(instance, completion).passed)
+        result = self.run(instance, completion)
+        module = None if result.passed else env_missing_module(result.reason)
+        if module is None:
+            self.env_missing.pop(qid, None)
+        else:  # still a failure (the answer did not run here), but counted and named, never silent
+            self.env_missing[qid] = module
+        return float(result.passed)
+
+    def env_report(self, instances: Sequence[Instance]) -> str:
+        """One line: how many of ``instances`` failed on a library the sandbox lacks, which, and where."""
+        counts = Counter(self.env_missing[q] for q in (str(i.meta["question_id"]) for i in instances)
+                         if q in self.env_missing)
+        if not counts:
+            return "env_missing: 0 problems"
+        modules = ", ".join(f"{m} ({c})" for m, c in counts.most_common())
+        return (f"env_missing: {sum(counts.values())} problem(s) scored as failures because the sandbox's interpreter "
+                f"({self.sandbox_python}) lacks a library the evaluator's ({sys.executable}) has: {modules}; install "
+                "them for that interpreter, or let the sandbox's users read the evaluator's")
 
     def extra_metrics(self, instances: Sequence[Instance], scores: Sequence[float]) -> dict[str, float]:
-        """pass@1 per difficulty and per platform present: ``accuracy_<difficulty>``, ``accuracy_<platform>``."""
+        """pass@1 per difficulty and per platform present: ``accuracy_<difficulty>``, ``accuracy_<platform>``;
+        ``env_missing``: how many of ``instances`` failed only for a library the sandbox lacks (the
+        line of :meth:`env_report` goes to stderr when there are any)."""
         groups: dict[str, list[float]] = {}
         for inst, score in zip(instances, scores):
             for key in (inst.meta["difficulty"], inst.meta["platform"]):
                 groups.setdefault(f"accuracy_{key}", []).append(float(score))
-        return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+        metrics = {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+        missing = sum(str(i.meta["question_id"]) in self.env_missing for i in instances)
+        if missing:
+            print(f"livecodebench: {self.env_report(instances)}", file=sys.stderr)
+        return {**metrics, "env_missing": float(missing)}
 
     def canonical_key(self, instance: Instance) -> str:
         return str(instance.meta["question_id"])

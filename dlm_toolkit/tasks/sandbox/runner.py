@@ -36,6 +36,8 @@ class SandboxResult:
         reason: run_tests: why the run failed, as the test side saw it ('' when it passed).
         candidate_stdout_tail: run_tests: what the solution printed.
         candidate_stderr_tail: run_tests: the candidate side's stderr (a solution that fails to load).
+        python: the interpreter the code ran under (bubblewrap's, or process mode's, which may be
+            ``/usr/bin/python3`` rather than the evaluator's: :func:`sandbox_python`).
     """
 
     passed: bool
@@ -47,6 +49,17 @@ class SandboxResult:
     reason: str = ""
     candidate_stdout_tail: str = ""
     candidate_stderr_tail: str = ""
+    python: str = ""
+
+
+def sandbox_python(isolation: str, python: str | None = None) -> str:
+    """The interpreter sandboxed code runs under ``isolation`` (``"bwrap"`` or ``"process"``) when
+    ``python`` (default: the evaluator's own) is asked for: it differs where the sandbox's users
+    cannot read that one (a pyenv under ``/root``) and ``/usr/bin/python3`` stands in, with only
+    the libraries installed for it."""
+    if isolation == "bwrap":
+        return sandbox_info(python or sys.executable).bwrap_python or ""
+    return process_interpreter(python).python
 
 
 def _setup(timeout_s: float, memory_mb: int, python: str | None, unsafe_exec: bool,
@@ -141,7 +154,8 @@ def run_python(
             stdout, stderr = box.tails()
         reported = read_available(result_r, len(token) + 1)
         return SandboxResult(passed=returncode == 0 and not timed_out and reported == token, returncode=returncode,
-                             timed_out=timed_out, stderr_tail=stderr, stdout_tail=stdout, duration_s=duration)
+                             timed_out=timed_out, stderr_tail=stderr, stdout_tail=stdout, duration_s=duration,
+                             python=_ran(info, exe, boxed))
     finally:
         for fd in (token_r, result_r, result_w):
             if fd >= 0:
@@ -243,10 +257,15 @@ def run_tests(
                                     str(report.get("reason") or f"the test side exited with {returncode}"))
         return SandboxResult(passed=passed, returncode=returncode, timed_out=not finished, stderr_tail=stderr,
                              stdout_tail=stdout, duration_s=duration, reason=reason,
-                             candidate_stdout_tail=cand_out, candidate_stderr_tail=cand_err)
+                             candidate_stdout_tail=cand_out, candidate_stderr_tail=cand_err,
+                             python=_ran(info, exe, boxed))
     finally:
         for fd in [*ours, report_r]:
             os.close(fd)
+
+
+def _ran(info: SandboxInfo, exe: str, boxed: bool) -> str:
+    return (info.bwrap_python or "") if boxed else exe
 
 
 def _parse_report(data: bytes) -> dict:
