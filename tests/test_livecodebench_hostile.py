@@ -67,12 +67,12 @@ def nest(levels: int) -> list:
 
 # ----------------------------------------------------------------------------- blobs: bounded, linear
 def test_memo_reads_are_refused_so_a_579_byte_dag_never_expands():
+    with pytest.raises(UnsafeBlob, match="uses BINGET: a memo read"):
+        load_plain(dag(2))  # small enough that, admitted, it would load: the refusal is the rule, not the size
     start = time.monotonic()
     with pytest.raises(UnsafeBlob, match="uses BINGET: a memo read"):
         decode_blob(blob(dag(40)))  # 2**40 leaves once loaded: the plain-data walk never ended
     assert time.monotonic() - start < GUARD_S
-    with pytest.raises(UnsafeBlob, match="uses BINGET"):
-        load_plain(dag(2))  # small enough that, admitted, it would load: the refusal is the rule, not the size
     with pytest.raises(UnsafeBlob, match="uses DUP"):
         load_plain(b"\x80\x04]2\x86.")  # EMPTY_LIST, DUP, TUPLE2: one list twice without the memo
     with pytest.raises(UnsafeBlob, match="uses GET"):
