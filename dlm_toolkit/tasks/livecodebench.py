@@ -298,10 +298,6 @@ class LiveCodeBenchTask(BenchmarkTask):
         self.env_missing: dict[str, str] = {}
         """Question id -> the library its latest scored answer failed to import in the sandbox
         though the evaluator's interpreter has it (:func:`env_missing_module`)."""
-        if os.path.realpath(self.sandbox_python) != os.path.realpath(sys.executable):
-            print(f"livecodebench: the sandbox runs {self.sandbox_python}, not the evaluator's {sys.executable} (which "
-                  "its users cannot read): an answer importing a library only the latter has fails and is counted as "
-                  "env_missing", file=sys.stderr)
         self.files = self._files(data)
         self.path = self.files[0]
         self._instances = [inst for path in self.files for inst in self._read(path)]
@@ -309,6 +305,10 @@ class LiveCodeBenchTask(BenchmarkTask):
             raise DataError(f"task '{self.name}': no problem of {', '.join(map(str, self.files))} lies in the "
                             f"contest dates {start_date or '-'} .. {end_date or '-'}")
         self.eval_size = len(self._instances)
+        if os.path.realpath(self.sandbox_python) != os.path.realpath(sys.executable):
+            print(f"livecodebench: the sandbox runs {self.sandbox_python}, not the evaluator's {sys.executable} (which "
+                  "its users cannot read): an answer importing a library only the latter has fails and is counted as "
+                  "env_missing", file=sys.stderr)
 
     # ----------------------------------------------------------------- data
     def _files(self, data: str | Path | None) -> list[Path]:
