@@ -21,7 +21,8 @@ from dlm_toolkit.tasks import get_task
 from dlm_toolkit.tasks.data import DataError
 from dlm_toolkit.tasks.livecodebench import MAX_TESTS
 from dlm_toolkit.tasks.safe_pickle import MAX_CONTAINERS, MAX_DEPTH, MAX_OPCODES, UnsafeBlob, decode_blob, load_plain
-from dlm_toolkit.tasks.sandbox import run_tests
+from dlm_toolkit.tasks.sandbox import check_isolation, run_tests
+from dlm_toolkit.tasks.sandbox.runner import sandbox_python
 from dlm_toolkit.tasks.stdio import lines_match
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "livecodebench"
@@ -182,27 +183,13 @@ def test_a_call_is_timed_outside_the_candidate_and_the_candidate_killed_at_the_l
     tests = "assert f(0) == 0\nassert f(0.05) == 0.05\n"
     ok = run_tests(SPIN_FUNCTION, tests, "f", timeout_s=30, call_timeout_s=0.5)
     assert ok.passed, ok.reason
-    for catcher in ("", "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"):
-        late = run_tests(catcher + SPIN_FUNCTION, "assert f(0) == 0\nassert f(60) == 60\n", "f", timeout_s=30,
-                         call_timeout_s=0.5)
-        assert not late.passed and not late.timed_out
-        assert late.reason == "call 2: time limit exceeded (no reply within 0.5 s)"
-        assert late.duration_s < 10  # ended at the call's limit, not the run's 30 s nor the candidate's 60 s
+    assert ok.python == sandbox_python(check_isolation())  # the interpreter that ran is named
+    late = run_tests(SPIN_FUNCTION, "assert f(0) == 0\nassert f(60) == 60\n", "f", timeout_s=30, call_timeout_s=0.5)
+    assert not late.passed and not late.timed_out
+    assert late.reason == "call 2: time limit exceeded (no reply within 0.5 s)"
+    assert late.duration_s < 10  # ended at the call's limit, not the run's 30 s nor the candidate's 60 s
     with pytest.raises(ValueError, match="call_timeout_s"):
         run_tests(SPIN_FUNCTION, tests, "f", call_timeout_s=0)
-
-
-@pytest.mark.parametrize("qid, code", [
-    ("abc900_a", SUM_MAX + "import time\ntry:\n    t = time.monotonic()\n    while time.monotonic() - t < 20:\n"
-                 "        pass\nexcept BaseException:\n    pass\nprint(sum(a))\nprint(max(a))\n"),
-    ("lc3000", "import time\ntry:\n    t = time.monotonic()\n    while time.monotonic() - t < 20:\n        pass\n"
-               "except BaseException:\n    pass\nclass Solution:\n    def twoSum(self, nums, target):\n"
-               "        return [i for i in range(len(nums)) for j in range(i) if nums[i] + nums[j] == target][:1]\n"),
-])
-def test_catching_every_exception_around_a_long_loop_gains_nothing(task, qid, code):
-    result = task.run(_inst(task, qid), f"```python\n{code}```")
-    assert not result.passed and result.reason.startswith("call 1: time limit exceeded")
-    assert result.duration_s < 10
 
 
 def _exact_rows(tmp_path: Path) -> Path:
@@ -218,18 +205,16 @@ def _exact_rows(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("qid, answer, passes", [
     ("abc900_a", "print(123456789012345678901)", True),
     ("abc900_a", "print(123456789012345678902)", False),  # differs in the 21st digit: floats would call it equal
-    ("abc900_a", "print('123456789012345678901.000')", True),  # equal as Decimals, as the official grader
-    ("abc900_a", "print(float(123456789012345678901))", False),  # 1.2345678901234568e+20 is another number
     ("lc3000", "class Solution:\n    def twoSum(self, nums, target):\n        return 123456789012345678901", True),
     ("lc3000", "class Solution:\n    def twoSum(self, nums, target):\n        return 123456789012345678902", False),
-    ("lc3000", "class Solution:\n    def twoSum(self, nums, target):\n        return 1.2345678901234568e20", False),
 ])
 def test_numbers_compare_exactly(tmp_path, qid, answer, passes):
     task = get_task("livecodebench", data=str(_exact_rows(tmp_path)), timeout_s=0.25)
     result = task.run(_inst(task, qid), f"```python\n{answer}\n```")
     assert result.passed is passes, result.reason
     assert lines_match("123456789012345678901", "123456789012345678902") is False
-    assert lines_match("1 123456789012345678901", "1 123456789012345678901.0") is True
+    assert lines_match("1 123456789012345678901", "1 123456789012345678901.0") is True  # equal as Decimals
+    assert lines_match("123456789012345678901", "1.2345678901234568e+20") is False  # float() would call them equal
 
 
 @pytest.mark.parametrize("code", [
@@ -254,13 +239,9 @@ def test_a_library_only_the_evaluator_has_is_env_missing_naming_the_interpreter(
     assert task.extra_metrics(insts, [0.0] * len(insts))["env_missing"] == 1.0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "env_missing: 1 problem(s)" in err and "dlm_lcb_only_here (1)" in err
-    assert f"({task.sandbox_python})" in err and task.run(inst, "```python\nimport dlm_lcb_only_here\n```").python \
-        == task.sandbox_python
-    # near misses: a module nobody has is the answer's own failure; a later pass clears the problem
+    assert f"({task.sandbox_python})" in err
+    # near miss: a module nobody has is the answer's own failure (and the latest scoring is what counts)
     assert task.score(inst, f"```python\nimport dlm_no_such_module_anywhere\n{right}```") == 0.0
-    assert task.env_missing == {}
-    assert task.score(inst, f"```python\nimport dlm_lcb_only_here\n{right}```") == 0.0
-    assert task.score(inst, f"```python\n{right}```") == 1.0
     assert task.env_missing == {} and task.extra_metrics(insts, [0.0] * len(insts))["env_missing"] == 0.0
 
 
