@@ -144,9 +144,11 @@ def send(fd: int, message: object) -> None:
 def _read_exactly(fd: int, size: int, deadline: float | None = None) -> bytes:
     chunks, left = [], size
     while left:
-        if deadline is not None:
+        if deadline is not None:  # poll, not select: the pipe's number may lie past select's 1024
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
             wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            if wait <= 0 or not poller.poll(wait * 1000):
                 raise DeadlinePassed("no reply before the deadline")
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
