@@ -218,9 +218,13 @@ def test_numbers_compare_exactly(tmp_path, qid, answer, passes):
 
 
 @pytest.mark.parametrize("code", [
+    SUM_MAX + "print(sum(a))\nprint(max(a))\nquit()\n",  # official: builtins.quit is None, a runtime error
+    "import sys\nn = int(sys.stdin.buffer.readline())\na = list(map(int, sys.stdin.buffer.readline().split()))\n"
+    "print(sum(a))\nprint(max(a))\n",  # official: its StringIO stdin has no .buffer, a runtime error
+    "n = int(stdin.readline())\na = list(map(int, stdin.readline().split()))\nprint(sum(a), file=stdout)\n"
+    "print(max(a), file=stdout)\n",  # official: `from sys import *` binds the real streams
     "import sys\nlines = [line for line in sys.stdin]\na = list(map(int, lines[1].split()))\n"
-    "print(sum(a))\nprint(max(a))\n",  # iterating sys.stdin: the official grader's patched stdin fails it
-    SUM_MAX + "print(sum(a))\nprint(max(a))\nquit()\n",  # quit() after the answer: a runtime error there
+    "print(sum(a))\nprint(max(a))\n",  # iterating sys.stdin: passes in both (agreement, not a departure)
 ])
 def test_departures_from_the_official_grader_pass_as_under_a_judge(task, code):
     result = task.run(_inst(task, "abc900_a"), f"```python\n{code}```")

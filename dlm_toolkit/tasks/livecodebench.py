@@ -39,10 +39,12 @@ print at most twice the expected output + 64 Ki characters (more is a failure, "
 input or output crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
 
 Deliberate departures from the official grader, each what a real judge allows (one test each in
-``tests/test_livecodebench_hostile.py``): a program that iterates ``sys.stdin`` (``for line in
-sys.stdin``) passes, and so does one that calls ``quit()``/``exit()`` after printing its answer
-(both a runtime error under the official grader's patched stdin); ``sys.stdin.buffer`` works, and
-the per-test globals ``stdin``/``stdout`` are the redirected streams.
+``tests/test_livecodebench_hostile.py``): ``quit()`` after the answer passes (the official
+reliability guard sets ``builtins.quit = None``: a runtime error there; ``exit()`` and
+``sys.exit()`` pass in both); ``sys.stdin.buffer`` works (the official stdin is a ``StringIO``
+without one: a runtime error there); the per-test globals ``stdin``/``stdout`` are the redirected
+streams (the official ``from sys import *`` binds the real ones). Iterating ``sys.stdin`` passes in
+both (tested too, as agreement).
 
 Missing libraries: the sandbox's interpreter may not be the evaluator's (``/usr/bin/python3``
 stands in where the sandbox's users cannot read it, :func:`~.sandbox.runner.sandbox_python`; said
