@@ -162,8 +162,8 @@ def run_stdio(stdin_text, max_output):
 
     def work():
         ns = {"__name__": "__main__", "__builtins__": _b}
-        exec(_PREAMBLE, ns)
-        ns.update(open=_open, exit=_exit, quit=_exit, stdin=stdin, stdout=out)
+        exec(_PREAMBLE, ns)  # its `from sys import *` runs with the streams swapped: stdin/stdout are the test's
+        ns.update(open=_open, exit=_exit, quit=_exit)
         try:
             exec(_CODE, ns)
         except SystemExit:
