@@ -19,7 +19,7 @@ import pytest
 
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.tasks.data import DataError
-from dlm_toolkit.tasks.livecodebench import MAX_TESTS
+from dlm_toolkit.tasks.livecodebench import MAX_ARGS, MAX_TESTS
 from dlm_toolkit.tasks.safe_pickle import MAX_CONTAINERS, MAX_DEPTH, MAX_OPCODES, UnsafeBlob, decode_blob, load_plain
 from dlm_toolkit.tasks.sandbox import check_isolation, run_tests
 from dlm_toolkit.tasks.sandbox.runner import sandbox_python
@@ -160,6 +160,25 @@ def test_the_test_count_bound_is_exact_public_and_private_together(tmp_path):
     rows[0]["public_test_cases"] = json.dumps([stdin_test("1\n", "1\n")] * (MAX_TESTS + 1))
     with pytest.raises(DataError, match=f"{MAX_TESTS + 1} tests"):
         get_task("livecodebench", data=str(_write(tmp_path / "test.jsonl", rows)), unsafe_exec=True)
+
+
+def test_the_argument_bound_of_a_call_based_test_is_exact(tmp_path):
+    rows = _rows()  # line 3: lc3000, call-based
+    for lines, refused in ((MAX_ARGS, False), (MAX_ARGS + 1, True)):
+        rows[2]["public_test_cases"] = json.dumps([{"input": "\n".join(["1"] * lines), "output": "1",
+                                                    "testtype": "functional"}])
+        path = _write(tmp_path / "test.jsonl", rows)
+        if refused:
+            with pytest.raises(DataError, match=rf"test.jsonl:3: question 'lc3000': field 'public_test_cases': test 0 "
+                                                rf"of a call-based problem has more than {MAX_ARGS} input lines"):
+                get_task("livecodebench", data=str(path), unsafe_exec=True)
+        else:
+            assert get_task("livecodebench", data=str(path), unsafe_exec=True).eval_size == 3
+    rows[2]["public_test_cases"] = json.dumps([{"input": "1\n" * 1_000_000, "output": "1", "testtype": "functional"}])
+    start = time.monotonic()
+    with pytest.raises(DataError, match="more than"):
+        get_task("livecodebench", data=str(_write(tmp_path / "test.jsonl", rows)), unsafe_exec=True)
+    assert time.monotonic() - start < GUARD_S
 
 
 # ----------------------------------------------------------------------------- grading in the sandbox

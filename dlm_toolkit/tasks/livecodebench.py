@@ -12,7 +12,8 @@ maps ``release_v1`` .. ``release_v6``, ``release_latest``, ``vN`` and ``vN_vM``)
 Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))`` (the official encoding: a
 pickled *string*, so its pickle never reads the memo): decoded by :mod:`.safe_pickle`, which never
 unpickles an object, admits no memo read, and bounds the decompressed bytes (``max_test_mb``), the
-opcodes and the containers; a problem has at most :data:`MAX_TESTS` tests. Every check is linear in
+opcodes and the containers; a problem has at most :data:`MAX_TESTS` tests, a call-based test at
+most :data:`MAX_ARGS` arguments. Every check is linear in
 the bytes read. Every field is checked when the file is read: a bad one is one line naming the
 file, the line, the question id and the field.
 
@@ -83,8 +84,11 @@ MAX_RELEASE_BYTES = 64 << 30  # one release file; the official ones are a few GB
 MAX_TESTS = 10_000
 """Most tests one problem may have, public and private together (the official problems have tens to a few
 hundred); checked before any test is parsed, so a record of a million tests is one line, not minutes."""
+MAX_ARGS = 100
+"""Most arguments (input lines) of one call-based test (LeetCode methods take a handful): each is parsed
+on its own, so a megabyte of one-character lines would otherwise cost seconds per test."""
 
-__all__ = ["FIELDS", "MAX_TESTS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
+__all__ = ["FIELDS", "MAX_ARGS", "MAX_TESTS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
 
 _FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")
 RELEASE_FILES: dict[str, tuple[str, ...]] = {
@@ -182,8 +186,12 @@ def parse_tests(value: Any, where: _Where, field: str, func_name: str | None,
         if func_name is None:
             out.append((test["input"], test["output"]))
             continue
+        lines = test["input"].split("\n", MAX_ARGS)
+        if len(lines) > MAX_ARGS:
+            raise where.error(field, f"test {k} of a call-based problem has more than {MAX_ARGS} input lines (one "
+                                     "JSON argument each)")
         try:
-            args = [_json(line) for line in test["input"].split("\n")]
+            args = [_json(line) for line in lines]
             expected = _json(test["output"])
         except json.JSONDecodeError as exc:
             raise where.error(field, f"test {k} of a call-based problem: an input line or the output is not "
