@@ -13,9 +13,9 @@ Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))`` (the o
 pickled *string*, so its pickle never reads the memo): decoded by :mod:`.safe_pickle`, which never
 unpickles an object, admits no memo read, and bounds the decompressed bytes (``max_test_mb``), the
 opcodes and the containers; a problem has at most :data:`MAX_TESTS` tests, a call-based test at
-most :data:`MAX_ARGS` arguments. Every check is linear in
-the bytes read. Every field is checked when the file is read: a bad one is one line naming the
-file, the line, the question id and the field.
+most :data:`MAX_ARGS` arguments. Every check is linear in the bytes read. Every field is checked
+when the file is read: a bad one is one line naming the file, the line, the question id and the
+field.
 
 Prompt: the official generic format (``lcb_runner/prompts/code_generation.py``): the system message,
 ``### Question:``, then with starter code "use the following starter code" and the code in a fence,
