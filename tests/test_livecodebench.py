@@ -79,9 +79,9 @@ def test_persistent_ids_and_non_plain_containers_are_refused():
         load_plain(b"\x80\x02X\x01\x00\x00\x00aQ.")
     with pytest.raises(UnsafeBlob, match="persistent id"):  # the unpickler alone refuses it too
         _NoGlobals(io.BytesIO(b"\x80\x02X\x01\x00\x00\x00aQ.")).load()
-    with pytest.raises(UnsafeBlob, match="set"):
+    with pytest.raises(UnsafeBlob, match="uses EMPTY_SET"):
         load_plain(pickle.dumps({1, 2}, protocol=4))  # EMPTY_SET + ADDITEMS: an object without any global
-    with pytest.raises(UnsafeBlob, match="frozenset"):
+    with pytest.raises(UnsafeBlob, match="uses FROZENSET"):
         load_plain(pickle.dumps(frozenset({1}), protocol=4))
     assert load_plain(pickle.dumps({"a": [1, 2.5, b"x", None, True, ("t",)]}, protocol=4)) == \
         {"a": [1, 2.5, b"x", None, True, ("t",)]}
@@ -234,7 +234,7 @@ def test_private_tests_over_the_size_bound_are_refused(tmp_path):
     rows[0]["private_test_cases"] = blob(pickle.dumps(json.dumps(big)))
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=r"test.jsonl:1: field 'private_test_cases'.*more than 1048576 bytes"):
+    with pytest.raises(DataError, match=r"test.jsonl:1: question 'abc900_a': field 'private_test_cases'.*more than 1048576 bytes"):
         get_task("livecodebench", data=str(path), max_test_mb=1, unsafe_exec=True)
     assert get_task("livecodebench", data=str(path), max_test_mb=2, unsafe_exec=True).eval_size == 3
 
@@ -314,7 +314,7 @@ def test_per_group_metrics_are_hand_computed():
     insts = task.instances(4, 0, "eval")  # easy atcoder, medium codeforces, easy leetcode, hard atcoder
     assert task.extra_metrics(insts, [1.0, 0.0, 0.0, 1.0]) == {
         "accuracy_atcoder": 1.0, "accuracy_codeforces": 0.0, "accuracy_easy": 0.5, "accuracy_hard": 1.0,
-        "accuracy_leetcode": 0.0, "accuracy_medium": 0.0}
+        "accuracy_leetcode": 0.0, "accuracy_medium": 0.0, "env_missing": 0.0}
 
 
 # ----------------------------------------------------------------------------- grading in the sandbox
@@ -330,12 +330,12 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
         (SUM_MAX + "print(sum(a), ' ')\nprint(max(a))\nimport sys\nsys.exit(0)\n", True, ""),
         (SUM_MAX + "print(sum(a) + 1)\nprint(max(a))\n", False, "wrong answer"),  # off by one
         (SUM_MAX + "print(sum(a))\n", False, "wrong answer"),  # a missing line
-        (SUM_MAX + "print(sum(a))\nprint(max(a))\n" + SPIN, False, "timeout"),
+        (SUM_MAX + "print(sum(a))\nprint(max(a))\n" + SPIN, False, "time limit exceeded"),
         (SUM_MAX + "print(sum(a))\nprint(max(a))\nwhile True:\n    print('x' * 1000)\n", False, "flood"),
         (SUM_MAX + "print(sum(a))\nprint(max(a))\nraise ValueError('late')\n", False, "ValueError"),
-        (SUM_MAX + "import time\ntry:\n" + "    while True:\n        pass\nexcept BaseException:\n"
-         "    t = time.monotonic()\n    while time.monotonic() - t < 1.6:\n        pass\n"
-         "print(sum(a))\nprint(max(a))\n", False, "time limit exceeded"),  # catches its own timer: the clock fails it
+        (SUM_MAX + "import time\ntry:\n    t = time.monotonic()\n    while time.monotonic() - t < 20:\n        pass\n"
+         "except BaseException:\n    pass\nprint(sum(a))\nprint(max(a))\n", False,
+         "call 1: time limit exceeded"),  # catching whatever it can: no timer in its process, killed from outside
     ],
     "cf1900_b": [
         ("import sys\nn, *a = map(int, sys.stdin.read().split())\nprint(f'{sum(a) / n:.6f}')\n", True, ""),
@@ -346,7 +346,7 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
          "wrong answer"),  # a wrong float
         ("import sys\nn, *a = map(int, sys.stdin.read().split())\n", False, "wrong answer"),  # the line missing
         ("import sys\nn, *a = map(int, sys.stdin.read().split())\nprint(f'{sum(a) / n:.6f}')\n" + SPIN, False,
-         "timeout"),
+         "time limit exceeded"),
         ("import sys\nn, *a = map(int, sys.stdin.read().split())\nwhile True:\n    sys.stdout.write('1.0 ' * 999)\n",
          False, "flood"),
     ],
@@ -357,18 +357,20 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
                                                           "return [seen[target - x], i]"), True, ""),  # stdout ignored
         (TWO_SUM.replace("return [seen[target - x], i]", "return [seen[target - x], i + 1]"), False, "wrong answer"),
         (TWO_SUM.replace("seen = {}", "seen = {}\n        " + SPIN.replace("\n    ", "\n            ")), False,
-         "timeout"),
+         "time limit exceeded"),
         (TWO_SUM.replace("return [seen[target - x], i]", "return iter([seen[target - x], i])"), False,
          "not plain data"),
-        ("class Solution:\n    def other(self):\n        return 1\n", False, "did not load"),
-        ("while True:\n    pass\n" + TWO_SUM, False, "time limit exceeded while loading"),
+        ("class Solution:\n    def other(self):\n        return 1\n", False, "while loading the solution"),
+        ("while True:\n    pass\n" + TWO_SUM, False, "call 1: time limit exceeded"),  # the load is timed
+        ("try:\n    while True:\n        pass\nexcept BaseException:\n    pass\n" + TWO_SUM, False,
+         "call 1: time limit exceeded"),
     ],
     "abc950_b": [
         ("print(' '.join(open(0).read().split()[::-1]))\n", True, ""),
         ("print(' '.join(input().split()))\n", False, "wrong answer"),
         ("w = input().split()\nprint(' '.join(w[::-1][1:]))\n", False, "wrong answer"),  # one word short
         ("w = input().split()\n", False, "wrong answer"),  # the line missing
-        ("w = input().split()\nprint(' '.join(w[::-1]))\n" + SPIN, False, "timeout"),
+        ("w = input().split()\nprint(' '.join(w[::-1]))\n" + SPIN, False, "time limit exceeded"),
         ("w = input().split()\nwhile True:\n    print(' '.join(w[::-1]))\n", False, "flood"),
     ],
 }
@@ -376,7 +378,7 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
 
 @pytest.fixture(scope="module")
 def task():
-    return get_task("livecodebench", data=str(FIXTURES), release_version="release_v2", timeout_s=1.0)
+    return get_task("livecodebench", data=str(FIXTURES), release_version="release_v2", timeout_s=0.25)
 
 
 @pytest.mark.parametrize("qid, k", [(q, k) for q, cases in CASES.items() for k in range(len(cases))])

@@ -283,3 +283,29 @@ def test_every_code_benchmark_verdict_goes_across_the_boundary():
     right = check_solution("def add(a, b):\n    return a + b\n", tests, "add", timeout_s=3.0, memory_mb=512,
                            unsafe_exec=False)
     assert right.passed
+
+
+def test_a_receive_deadline_holds_for_the_whole_frame_on_any_descriptor_number():
+    """The per-call limit of run_tests(call_timeout_s): a frame must be whole by the deadline (a
+    sender stalling after the length is late too), on pipes numbered past select()'s 1024."""
+    import time
+
+    from dlm_toolkit.tasks.sandbox.protocol import DeadlinePassed
+
+    r, w = os.pipe()
+    hi_r, hi_w = os.dup2(r, 1500), os.dup2(w, 1501)
+    os.close(r)
+    os.close(w)
+    try:
+        send(hi_w, [1, "x"])
+        assert receive(hi_r, time.monotonic() + 5) == [1, "x"]  # near miss: in time
+        os.write(hi_w, (10).to_bytes(4, "big") + b"[1,")  # the length, then only part of the body
+        start = time.monotonic()
+        with pytest.raises(DeadlinePassed):
+            receive(hi_r, time.monotonic() + 0.2)
+        assert 0.15 < time.monotonic() - start < 2
+        with pytest.raises(DeadlinePassed):
+            receive(hi_r, time.monotonic() - 1)  # already past: no read at all
+    finally:
+        os.close(hi_r)
+        os.close(hi_w)

@@ -9,9 +9,13 @@ maps ``release_v1`` .. ``release_v6``, ``release_latest``, ``vN`` and ``vN_vM``)
 (read whole). Problems are then kept by contest date as the official runner does:
 ``start_date <= contest_date <= end_date`` (``YYYY-MM-DD``, both optional).
 
-Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))``: decoded by
-:mod:`.safe_pickle`, which never unpickles an object and bounds the decompressed size. Every field is
-checked when the file is read: a bad one is one line naming the file, the line and the field.
+Private tests are a JSON string, or ``base64(zlib(pickle(JSON string)))`` (the official encoding: a
+pickled *string*, so its pickle never reads the memo): decoded by :mod:`.safe_pickle`, which never
+unpickles an object, admits no memo read, and bounds the decompressed bytes (``max_test_mb``), the
+opcodes and the containers; a problem has at most :data:`MAX_TESTS` tests, a call-based test at
+most :data:`MAX_ARGS` arguments. Every check is linear in the bytes read. Every field is checked
+when the file is read: a bad one is one line naming the file, the line, the question id and the
+field.
 
 Prompt: the official generic format (``lcb_runner/prompts/code_generation.py``): the system message,
 ``### Question:``, then with starter code "use the following starter code" and the code in a fence,
@@ -23,14 +27,31 @@ as the user turn. The program is what lies between the last two lines holding a 
 Grading (:mod:`.stdio`, as ``lcb_runner/evaluation/testing_util.py``): public then private tests in
 order, the first failing one fails the problem; LeetCode problems (``metadata.func_name``) are
 call-based, ``Solution().func_name(*args)`` with each input line a JSON argument, the result
-``==`` the JSON output; the others are stdin/stdout, compared line by line after stripping, as
-``Decimal`` numbers where the text differs. Per-test timeout ``timeout_s`` (official default 6 s),
-whole run ``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict
-decided on the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Two lenient
-departures, both what a real judge allows: ``sys.stdin.buffer`` works and the per-test globals
-``stdin``/``stdout`` are the redirected streams. Limits of ours: a program may print at most twice
-the expected output + 64 Ki characters (more is a failure, "flood"); one test's input or output
-crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
+``==`` the JSON output (JSON numbers parsed as the official grader parses them: integers exact,
+decimals as floats); the others are stdin/stdout, compared line by line after stripping, as exact
+``Decimal`` numbers where the text differs (never floats: two 21-digit integers differ). Time:
+per test ``timeout_s`` (official default 6 s) + 1 s for the transfer, measured by the test side
+from outside the candidate's process (the official grader's ``SIGALRM`` runs inside it, where
+``except BaseException`` catches it; here no timer runs there, and a test not answered in time
+fails, the candidate killed); a call-based solution's load is timed as one more test; whole run
+``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict decided on
+the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Limits of ours: a program may
+print at most twice the expected output + 64 Ki characters (more is a failure, "flood"); one test's
+input or output crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
+
+Deliberate departures from the official grader, each what a real judge allows (one test each in
+``tests/test_livecodebench_hostile.py``): ``quit()`` after the answer passes (the official
+reliability guard sets ``builtins.quit = None``: a runtime error there; ``exit()`` and
+``sys.exit()`` pass in both); ``sys.stdin.buffer`` works (the official stdin is a ``StringIO``
+without one: a runtime error there); the per-test globals ``stdin``/``stdout`` are the redirected
+streams (the official ``from sys import *`` binds the real ones). Iterating ``sys.stdin`` passes in
+both (tested too, as agreement).
+
+Missing libraries: the sandbox's interpreter may not be the evaluator's (``/usr/bin/python3``
+stands in where the sandbox's users cannot read it, :func:`~.sandbox.runner.sandbox_python`; said
+on stderr when the task is built). An answer that fails importing a library the evaluator's
+interpreter has (numpy) is still a failure, but counted as ``env_missing`` (a metric, and one line
+naming the interpreter and the libraries, :meth:`LiveCodeBenchTask.env_report`), never silently.
 
 Metrics: pass@1 (one greedy completion per problem) as the task's score, and per difficulty and
 platform through :meth:`LiveCodeBenchTask.extra_metrics` (``accuracy_easy``, ``accuracy_leetcode``, ...).
@@ -38,8 +59,12 @@ platform through :meth:`LiveCodeBenchTask.extra_metrics` (``accuracy_easy``, ``a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import sys
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,11 +77,18 @@ from .base import Instance
 from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
 from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
 from .sandbox import SandboxResult, check_isolation, run_tests
-from .stdio import call_candidate, call_tests, run_timeout, stdio_candidate, stdio_tests
+from .sandbox.runner import sandbox_python
+from .stdio import call_candidate, call_limit, call_tests, run_timeout, stdio_candidate, stdio_tests
 
 MAX_RELEASE_BYTES = 64 << 30  # one release file; the official ones are a few GB, read a line at a time
+MAX_TESTS = 10_000
+"""Most tests one problem may have, public and private together (the official problems have tens to a few
+hundred); checked before any test is parsed, so a record of a million tests is one line, not minutes."""
+MAX_ARGS = 100
+"""Most arguments (input lines) of one call-based test (LeetCode methods take a handful): each is parsed
+on its own, so a megabyte of one-character lines would otherwise cost seconds per test."""
 
-__all__ = ["FIELDS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
+__all__ = ["FIELDS", "MAX_ARGS", "MAX_TESTS", "RELEASE_FILES", "LiveCodeBenchTask", "extract_code", "lcb_prompt", "parse_tests"]
 
 _FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")
 RELEASE_FILES: dict[str, tuple[str, ...]] = {
@@ -84,6 +116,23 @@ _FETCH = ("mkdir -p data/livecodebench && for f in " + " ".join(_FILES) + "; do 
           "https://huggingface.co/datasets/livecodebench/code_generation_lite/resolve/main/$f; done")
 
 
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def env_missing_module(reason: str) -> str | None:
+    """The library a failed run could not import although the evaluator's own interpreter finds it
+    (where the official grader runs the code): the sandbox's environment failed the answer, not the
+    answer. ``None`` for any other failure, a module nobody has among them."""
+    match = _NO_MODULE.search(reason)
+    if match is None:
+        return None
+    try:  # a top-level name: looked up on sys.path, never imported (the name came from the candidate)
+        found = importlib.util.find_spec(match.group(1)) is not None
+    except (ImportError, ValueError):
+        found = False
+    return match.group(1) if found else None
+
+
 def lcb_prompt(question: str, starter_code: str) -> str:
     """The official generic prompt (system message, question, format, answer cue)."""
     text = f"### Question:\n{question}\n\n"
@@ -108,20 +157,27 @@ def extract_code(completion: str) -> str:
 class _Where:
     path: Path
     line: int
+    question_id: str | None = None
 
     def error(self, field: str, what: str) -> DataError:
-        return DataError(f"{self.path}:{self.line}: field '{field}': {what}")
+        qid = "" if self.question_id is None else f"question {self.question_id[:100]!r}: "
+        return DataError(f"{self.path}:{self.line}: {qid}field '{field}': {what}")
 
 
-def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) -> list[tuple[Any, Any]]:
+def parse_tests(value: Any, where: _Where, field: str, func_name: str | None,
+                room: int = MAX_TESTS) -> list[tuple[Any, Any]]:
     """``[(input, output)]`` from a decoded test list: ``(stdin, stdout)`` strings, or for a
     call-based problem ``(argument list, expected value)`` (each input line one JSON argument).
+    At most ``room`` tests (what :data:`MAX_TESTS` leaves after the problem's other tests).
 
     Raises:
         DataError: naming ``where`` and ``field``.
     """
     if not isinstance(value, list):
         raise where.error(field, f"must be a list of tests, found {type(value).__name__}")
+    if len(value) > room:
+        raise where.error(field, f"{MAX_TESTS - room + len(value)} tests, public and private together; a problem "
+                                 f"may have at most {MAX_TESTS}")
     out = []
     for k, test in enumerate(value):
         if not isinstance(test, dict) or not isinstance(test.get("input"), str) or \
@@ -130,8 +186,12 @@ def parse_tests(value: Any, where: _Where, field: str, func_name: str | None) ->
         if func_name is None:
             out.append((test["input"], test["output"]))
             continue
+        lines = test["input"].split("\n", MAX_ARGS)
+        if len(lines) > MAX_ARGS:
+            raise where.error(field, f"test {k} of a call-based problem has more than {MAX_ARGS} input lines (one "
+                                     "JSON argument each)")
         try:
-            args = [_json(line) for line in test["input"].split("\n")]
+            args = [_json(line) for line in lines]
             expected = _json(test["output"])
         except json.JSONDecodeError as exc:
             raise where.error(field, f"test {k} of a call-based problem: an input line or the output is not "
@@ -244,6 +304,10 @@ class LiveCodeBenchTask(BenchmarkTask):
         self.max_test_bytes = int(max_test_mb * (1 << 20))
         self.unsafe_exec = bool(unsafe_exec)
         self.isolation = check_isolation(unsafe_exec)
+        self.sandbox_python = sandbox_python(self.isolation)
+        self.env_missing: dict[str, str] = {}
+        """Question id -> the library its latest scored answer failed to import in the sandbox
+        though the evaluator's interpreter has it (:func:`env_missing_module`)."""
         self.files = self._files(data)
         self.path = self.files[0]
         self._instances = [inst for path in self.files for inst in self._read(path)]
@@ -251,6 +315,10 @@ class LiveCodeBenchTask(BenchmarkTask):
             raise DataError(f"task '{self.name}': no problem of {', '.join(map(str, self.files))} lies in the "
                             f"contest dates {start_date or '-'} .. {end_date or '-'}")
         self.eval_size = len(self._instances)
+        if os.path.realpath(self.sandbox_python) != os.path.realpath(sys.executable):
+            print(f"livecodebench: the sandbox runs {self.sandbox_python}, not the evaluator's {sys.executable} (which "
+                  "its users cannot read): an answer importing a library only the latter has fails and is counted as "
+                  "env_missing", file=sys.stderr)
 
     # ----------------------------------------------------------------- data
     def _files(self, data: str | Path | None) -> list[Path]:
@@ -323,6 +391,7 @@ class LiveCodeBenchTask(BenchmarkTask):
 
     def _parse(self, raw: bytes, where: _Where, offset: int) -> Instance | None:
         r = self._record(raw, where)
+        where = _Where(where.path, where.line, r["question_id"])
         try:
             date = datetime.fromisoformat(r["contest_date"]).replace(tzinfo=None)
         except ValueError:
@@ -337,7 +406,7 @@ class LiveCodeBenchTask(BenchmarkTask):
             raise where.error("metadata", f"func_name {func_name!r} is not a Python identifier")
         public = parse_tests(_json_field(r, "public_test_cases", where), where, "public_test_cases", func_name)
         private = parse_tests(decode_private(r["private_test_cases"], where, self.max_test_bytes), where,
-                              "private_test_cases", func_name)
+                              "private_test_cases", func_name, MAX_TESTS - len(public))
         if not public and not private:
             raise where.error("public_test_cases", "the problem has no test at all")
         if (self.start is not None and date < self.start) or (self.end is not None and date > self.end):
@@ -353,41 +422,68 @@ class LiveCodeBenchTask(BenchmarkTask):
         """Public then private tests of ``instance`` (the private ones re-read from the file, so a
         whole release is never held decoded in memory)."""
         path, offset, line = instance.meta["source"]
-        where = _Where(Path(path), line)
+        where = _Where(Path(path), line, instance.meta["question_id"])
         with open(path, "rb") as f:
             f.seek(offset)
             record = self._record(self._line(f, where), where)
         private = parse_tests(decode_private(record["private_test_cases"], where, self.max_test_bytes), where,
-                              "private_test_cases", instance.meta["func_name"])
+                              "private_test_cases", instance.meta["func_name"],
+                              MAX_TESTS - len(instance.meta["public"]))
         return list(instance.meta["public"]) + private
 
     # ----------------------------------------------------------------- scoring
     def programs(self, instance: Instance, completion: str) -> tuple[str, str, str, int]:
-        """``(candidate program, test program, entry point, number of tests)`` for ``completion``."""
+        """``(candidate program, test program, entry point, number of timed calls)`` for ``completion``."""
         code, cases, func = extract_code(completion), self.cases(instance), instance.meta["func_name"]
         if func is None:
-            return stdio_candidate(code), stdio_tests(cases, self.timeout_s), "run_stdio", len(cases)
-        return call_candidate(code, func, self.timeout_s), call_tests(cases, self.timeout_s), "run_call", len(cases)
+            return stdio_candidate(code), stdio_tests(cases), "run_stdio", len(cases)
+        return call_candidate(code, func), call_tests(cases), "run_call", len(cases) + 1  # the load is timed as a test
 
     def run(self, instance: Instance, completion: str) -> SandboxResult:
         """The sandbox report of ``completion`` on all of the instance's tests."""
         candidate, tests, entry, n = self.programs(instance, completion)
         return run_tests(candidate, tests, entry, timeout_s=run_timeout(self.timeout_s, n), memory_mb=self.memory_mb,
-                         unsafe_exec=self.unsafe_exec, isolation=self.isolation)
+                         unsafe_exec=self.unsafe_exec, isolation=self.isolation,
+                         call_timeout_s=call_limit(self.timeout_s))
 
     def score(self, instance: Instance, completion: str) -> float:
+        qid = str(instance.meta["question_id"])
         if not extract_code(completion).strip():
+            self.env_missing.pop(qid, None)
             return 0.0  # no fenced program: nothing to run
-        return float(self.run(instance, completion).passed)
+        result = self.run(instance, completion)
+        module = None if result.passed else env_missing_module(result.reason)
+        if module is None:
+            self.env_missing.pop(qid, None)
+        else:  # still a failure (the answer did not run here), but counted and named, never silent
+            self.env_missing[qid] = module
+        return float(result.passed)
+
+    def env_report(self, instances: Sequence[Instance]) -> str:
+        """One line: how many of ``instances`` failed on a library the sandbox lacks, which, and where."""
+        counts = Counter(self.env_missing[q] for q in (str(i.meta["question_id"]) for i in instances)
+                         if q in self.env_missing)
+        if not counts:
+            return "env_missing: 0 problems"
+        modules = ", ".join(f"{m} ({c})" for m, c in counts.most_common())
+        return (f"env_missing: {sum(counts.values())} problem(s) scored as failures because the sandbox's interpreter "
+                f"({self.sandbox_python}) lacks a library the evaluator's ({sys.executable}) has: {modules}; install "
+                "them for that interpreter, or let the sandbox's users read the evaluator's")
 
     def extra_metrics(self, instances: Sequence[Instance], scores: Sequence[float],
                       completions: Sequence[str] = ()) -> dict[str, float]:
-        """pass@1 per difficulty and per platform present: ``accuracy_<difficulty>``, ``accuracy_<platform>``."""
+        """pass@1 per difficulty and per platform present: ``accuracy_<difficulty>``, ``accuracy_<platform>``;
+        ``env_missing``: how many of ``instances`` failed only for a library the sandbox lacks (the
+        line of :meth:`env_report` goes to stderr when there are any)."""
         groups: dict[str, list[float]] = {}
         for inst, score in zip(instances, scores):
             for key in (inst.meta["difficulty"], inst.meta["platform"]):
                 groups.setdefault(f"accuracy_{key}", []).append(float(score))
-        return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+        metrics = {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+        missing = sum(str(i.meta["question_id"]) in self.env_missing for i in instances)
+        if missing:
+            print(f"livecodebench: {self.env_report(instances)}", file=sys.stderr)
+        return {**metrics, "env_missing": float(missing)}
 
     def canonical_key(self, instance: Instance) -> str:
         return str(instance.meta["question_id"])

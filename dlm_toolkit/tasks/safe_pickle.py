@@ -3,10 +3,13 @@
 LiveCodeBench stores its private tests that way (the pickle holds one JSON string). A pickle is a
 program: ``GLOBAL``/``STACK_GLOBAL``/``INST``/``OBJ``/``EXT*`` name a callable and ``REDUCE`` calls
 it, so loading an untrusted one with :func:`pickle.loads` runs whatever it names (``os.system``).
-:func:`load_plain` refuses every global (``find_class`` always raises, and every opcode that makes
-an object goes through it) and persistent ids, then checks that what came out is plain data:
-``str``/``bytes``/``int``/``float``/``bool``/``None`` and lists/tuples/dicts of them.
-:func:`decode_blob` also bounds the decompressed size (a zip bomb is one line, not an OOM).
+:func:`load_plain` admits only the opcodes plain data needs (no global, call, persistent id, set,
+memo read or ``DUP``), at most :data:`MAX_OPCODES` of them building at most :data:`MAX_CONTAINERS`
+containers, loads with an unpickler that resolves no global, then checks that what came out is plain
+data (``str``/``bytes``/``int``/``float``/``bool``/``None`` and lists/tuples/dicts of them, at most
+:data:`MAX_DEPTH` levels). Without memo reads the result is a tree no larger than the opcodes, so
+every step is linear in the bytes read. :func:`decode_blob` also bounds the decompressed size (a zip
+bomb is one line, not an OOM).
 
 Shared helper: any task reading such blobs (LiveCodeBench; BigCodeBench if it needs one) uses it.
 """
@@ -19,12 +22,21 @@ import io
 import pickle
 import zlib
 
-__all__ = ["MAX_BLOB_BYTES", "UnsafeBlob", "decode_blob", "inflate_bounded", "load_plain"]
+__all__ = ["MAX_BLOB_BYTES", "MAX_CONTAINERS", "MAX_DEPTH", "MAX_OPCODES", "UnsafeBlob", "decode_blob",
+           "inflate_bounded", "load_plain"]
 
 MAX_BLOB_BYTES = 256 << 20
 """Default bound on one decompressed blob (LiveCodeBench's largest private test sets are tens of MB)."""
 
-MAX_DEPTH = 64  # containers inside containers: test data nests a few levels
+MAX_DEPTH = 64
+"""Most containers nested in one another (the outermost list is level 1): test data nests a few levels."""
+
+MAX_OPCODES = 100_000
+"""Most opcodes one pickle may hold. LiveCodeBench's hold five (a JSON string and its frame); the bound
+keeps the scan (pure Python, ~1 us an opcode) well under a second whatever the blob's size."""
+
+MAX_CONTAINERS = 10_000
+"""Most lists, tuples and dicts one pickle may build."""
 
 
 class UnsafeBlob(ValueError):
@@ -42,41 +54,70 @@ class _NoGlobals(pickle.Unpickler):
         raise UnsafeBlob("the pickle uses a persistent id; only plain data is accepted")
 
 
-def _check_plain(value: object, depth: int = 0) -> None:
-    if depth > MAX_DEPTH:
-        raise UnsafeBlob(f"the pickle nests deeper than {MAX_DEPTH} levels")
-    kind = type(value)
-    if value is None or kind in (str, bytes, int, float, bool):
-        return
-    if kind in (list, tuple):
-        for item in value:  # type: ignore[union-attr]
-            _check_plain(item, depth + 1)
-        return
-    if kind is dict:
-        for key, item in value.items():  # type: ignore[union-attr]
-            _check_plain(key, depth + 1)
-            _check_plain(item, depth + 1)
-        return
-    raise UnsafeBlob(f"the pickle holds a {kind.__name__}; only str, bytes, numbers, lists and dicts are accepted")
+def _check_plain(value: object) -> None:
+    """Plain data nested at most :data:`MAX_DEPTH` levels. Iterative, and linear in the objects: the
+    scan admitted no opcode that shares one (no memo read, no ``DUP``), so what loaded is a tree."""
+    stack = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        kind = type(item)
+        if item is None or kind in (str, bytes, int, float, bool):
+            continue
+        if kind not in (list, tuple, dict):
+            raise UnsafeBlob(f"the pickle holds a {kind.__name__}; only str, bytes, numbers, lists, tuples and dicts "
+                             "are accepted")
+        if level + 1 > MAX_DEPTH:
+            raise UnsafeBlob(f"the pickle nests containers more than {MAX_DEPTH} levels deep")
+        children = [x for pair in item.items() for x in pair] if kind is dict else item  # type: ignore[union-attr]
+        stack.extend((child, level + 1) for child in children)
 
 
-_REFUSED_OPCODES = frozenset({
-    "GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD", "EXT1", "EXT2", "EXT4",
-    "PERSID", "BINPERSID", "NEXT_BUFFER", "READONLY_BUFFER"})
-"""Opcodes that name, call or feed a callable, or reach outside the stream: refused before loading."""
+_CONTAINERS = frozenset({"EMPTY_LIST", "LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_DICT",
+                         "DICT"})
+_ALLOWED = _CONTAINERS | {
+    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "NONE", "NEWTRUE", "NEWFALSE",
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+    "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
+    "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "APPEND", "APPENDS", "SETITEM", "SETITEMS",
+    "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
+"""The opcodes plain data needs (what ``pickle.dumps`` writes for str/bytes/numbers/lists/tuples/dicts
+at every protocol); any other is refused before loading. Memo *writes* are harmless and every
+protocol emits them; memo *reads* (``GET``, ``BINGET``, ``LONG_BINGET``) and ``DUP`` are refused:
+they share one object in many places, so 579 bytes make a DAG of 2^40 leaves that any later walk
+expands. LiveCodeBench's blobs (one pickled JSON string) never read the memo."""
+
+_SHARING = frozenset({"GET", "BINGET", "LONG_BINGET", "DUP"})
 
 
 def _scan(data: bytes) -> None:
     """Walk the opcodes without building anything (:func:`pickletools.genops` reads each declared
-    length from the stream, so a huge declared size is a truncation, never an allocation)."""
+    length from the stream, so a huge declared size is a truncation, never an allocation): only
+    :data:`_ALLOWED` ones, at most :data:`MAX_OPCODES` of them and :data:`MAX_CONTAINERS`
+    containers, memo indices below the opcode count (the C unpickler grows its memo to twice the
+    largest index it is given)."""
     import pickletools
 
+    count = containers = 0
     try:
         for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name in _REFUSED_OPCODES:
-                what = " " + str(arg).replace(" ", ".") if opcode.name in ("GLOBAL", "INST") else ""
-                raise UnsafeBlob(f"the pickle uses {opcode.name}{what}; only plain data is accepted "
-                                 "(no globals, calls or persistent ids)")
+            count += 1
+            name = opcode.name
+            if count > MAX_OPCODES:
+                raise UnsafeBlob(f"the pickle has more than {MAX_OPCODES} opcodes (the bound on one blob)")
+            if name in _SHARING:
+                raise UnsafeBlob(f"the pickle uses {name}: a memo read or duplicate shares one object in many "
+                                 "places; only plain data written once is accepted")
+            if name not in _ALLOWED:
+                what = " " + str(arg).replace(" ", ".") if name in ("GLOBAL", "INST") else ""
+                raise UnsafeBlob(f"the pickle uses {name}{what}; only plain data is accepted (str, bytes, numbers, "
+                                 "lists, tuples, dicts: no set, global, call or persistent id)")
+            if name in _CONTAINERS:
+                containers += 1
+                if containers > MAX_CONTAINERS:
+                    raise UnsafeBlob(f"the pickle builds more than {MAX_CONTAINERS} containers (the bound on one "
+                                     "blob)")
+            if name in ("PUT", "BINPUT", "LONG_BINPUT") and not (isinstance(arg, int) and 0 <= arg < count):
+                raise UnsafeBlob(f"the pickle uses {name} {arg}: a memo index past its opcode count")
     except UnsafeBlob:
         raise
     except Exception as exc:  # genops raises ValueError on truncated or unknown opcodes
@@ -84,14 +125,15 @@ def _scan(data: bytes) -> None:
 
 
 def load_plain(data: bytes) -> object:
-    """Unpickle ``data`` admitting no global: plain data only.
+    """Unpickle ``data`` admitting no global: plain data only, in time and memory linear in ``data``.
 
-    Two layers: the opcodes are scanned first (any that names, calls or feeds a callable is
-    refused), then loaded by an unpickler whose ``find_class`` always refuses.
+    Two layers: the opcodes are scanned first (:func:`_scan`: only those plain data needs, counted
+    and bounded), then loaded by an unpickler whose ``find_class`` always refuses, and the result
+    checked to be plain data nested at most :data:`MAX_DEPTH` levels.
 
     Raises:
-        UnsafeBlob: a global, a call, a persistent id, a non-plain result, trailing bytes or a
-            broken pickle.
+        UnsafeBlob: a global, a call, a persistent id, a memo read, a bound exceeded, a non-plain
+            result, trailing bytes or a broken pickle.
     """
     _scan(data)
     stream = io.BytesIO(data)

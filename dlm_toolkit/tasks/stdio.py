@@ -5,17 +5,19 @@ Shared helper (LiveCodeBench uses it; any benchmark graded by feeding stdin and 
 Each builder returns two programs for the sandbox's two sides:
 
 * the **candidate side** (:func:`stdio_candidate`, :func:`call_candidate`) holds the model's code and
-  serves one entry point per test: ``run_stdio(stdin_text, timeout_s, max_output)`` runs the code
-  as ``__main__`` afresh with ``sys.stdin`` reading the text (``input()``, ``sys.stdin.buffer``,
-  ``open(0)``) and returns ``[status, stdout]``; ``run_call(args, timeout_s)`` calls the method and
-  returns ``[status, value]``. ``status`` is ``"ok"``, ``"timeout"`` (the per-test timer fired),
+  serves one entry point per test: ``run_stdio(stdin_text, max_output)`` runs the code as
+  ``__main__`` afresh with ``sys.stdin`` reading the text (``input()``, ``sys.stdin.buffer``,
+  ``open(0)``) and returns ``[status, stdout]``; ``run_call(None)`` loads the solution and
+  ``run_call(args)`` calls the method, returning ``[status, value]``. ``status`` is ``"ok"``,
   ``"flood"`` (more than ``max_output`` characters written) or ``"error <exception>"``.
   ``SystemExit``/``exit()`` ends a stdin program normally, as under a judge. stderr is discarded.
+  No timer runs in this process: there is nothing for the code to catch.
 * the **test side** (:func:`stdio_tests`, :func:`call_tests`) holds the expected outputs (plain
-  JSON literals) and decides: a test passes iff the reply is ``ok``, the call took at most the
-  per-test timeout (+ :data:`SLACK_S` for the transfer; measured on the test side, so a candidate
-  that catches its own timer gains nothing) and the output matches. The first failing test fails
-  the problem, as in LiveCodeBench's grader.
+  JSON literals) and decides: a test passes iff the reply is ``ok`` and the output matches. Time
+  is :func:`~.sandbox.run_tests`' ``call_timeout_s`` = :func:`call_limit` (the per-test timeout +
+  :data:`SLACK_S` for the transfer), measured on the test side's clock from before the request
+  is sent: a call not answered by then fails the run whatever it would have printed, and the
+  candidate is killed. The first failing test fails the problem, as in LiveCodeBench's grader.
 
 Comparison rules are LiveCodeBench's (``lcb_runner/evaluation/testing_util.py``):
 :func:`lines_match` for stdout (both sides stripped, split on newlines, each line stripped; equal
@@ -30,8 +32,8 @@ import inspect
 import json
 from typing import Any, Sequence
 
-__all__ = ["PREAMBLE", "SLACK_S", "call_candidate", "call_tests", "lines_match", "run_timeout", "stdio_candidate",
-           "stdio_tests"]
+__all__ = ["PREAMBLE", "SLACK_S", "call_candidate", "call_limit", "call_tests", "lines_match", "run_timeout",
+           "stdio_candidate", "stdio_tests"]
 
 SLACK_S = 1.0
 """Seconds a test may take beyond its timeout on the test side's clock (argument/result transfer)."""
@@ -72,24 +74,16 @@ def lines_match(got: str, expected: str) -> bool:
     return True
 
 _RUNTIME = r'''
-import builtins as _b, io as _io, signal as _signal, sys as _sys
+import builtins as _b, io as _io, sys as _sys
 
 _SOURCE = __SOURCE__
 _PREAMBLE = __PREAMBLE__
 _CODE = compile(_SOURCE, "<solution>", "exec")
-exec(_PREAMBLE, {"__builtins__": _b})  # imports its modules now: no test's timer pays for them
-
-
-class _Timeout(BaseException):
-    pass
+exec(_PREAMBLE, {"__builtins__": _b})  # imports its modules now: no test's time pays for them
 
 
 class _Flood(BaseException):
     pass
-
-
-def _on_alarm(signum, frame):
-    raise _Timeout()
 
 
 class _Sink(_io.TextIOBase):
@@ -136,20 +130,13 @@ def _exit(*args):
     raise SystemExit(*args)
 
 
-def _timed(work, timeout_s, stdin, out):
-    """``work()`` with stdin/stdout/stderr swapped and the per-test timer armed; the status."""
+def _run(work, stdin, out):
+    # no timer here: the test side times each call from outside this process (run_tests' call_timeout_s)
     saved = _sys.stdin, _sys.stdout, _sys.stderr
     _sys.stdin, _sys.stdout, _sys.stderr = stdin, out, _Sink()
-    old = _signal.signal(_signal.SIGALRM, _on_alarm)
     status = "ok"
     try:
-        _signal.setitimer(_signal.ITIMER_REAL, float(timeout_s))
-        try:
-            work()
-        finally:
-            _signal.setitimer(_signal.ITIMER_REAL, 0)
-    except _Timeout:
-        status = "timeout"
+        work()
     except _Flood:
         status = "flood"
     except BaseException as exc:
@@ -159,13 +146,12 @@ def _timed(work, timeout_s, stdin, out):
             status = "error"
     finally:
         _sys.stdin, _sys.stdout, _sys.stderr = saved
-        _signal.signal(_signal.SIGALRM, old)
     return status
 '''
 
 _STDIO = r'''
 
-def run_stdio(stdin_text, timeout_s, max_output):
+def run_stdio(stdin_text, max_output):
     stdin = _io.TextIOWrapper(_io.BytesIO(stdin_text.encode("utf-8")), encoding="utf-8")
     out = _Out(max_output)
 
@@ -176,39 +162,40 @@ def run_stdio(stdin_text, timeout_s, max_output):
 
     def work():
         ns = {"__name__": "__main__", "__builtins__": _b}
-        exec(_PREAMBLE, ns)
-        ns.update(open=_open, exit=_exit, quit=_exit, stdin=stdin, stdout=out)
+        exec(_PREAMBLE, ns)  # its `from sys import *` runs with the streams swapped: stdin/stdout are the test's
+        ns.update(open=_open, exit=_exit, quit=_exit)
         try:
             exec(_CODE, ns)
         except SystemExit:
             pass
 
-    status = _timed(work, timeout_s, stdin, out)
+    status = _run(work, stdin, out)
     return [status, "".join(out.parts) if status == "ok" else ""]
 '''
 
 _CALL = r'''
-def _on_load_alarm(signum, frame):
-    raise _Timeout("time limit exceeded while loading the solution")
+_TARGET = []
 
 
-_NS = {"__name__": "__main__", "__builtins__": _b}
-_signal.signal(_signal.SIGALRM, _on_load_alarm)
-_signal.setitimer(_signal.ITIMER_REAL, __TIMEOUT__)
-exec(_PREAMBLE, _NS)
-exec(_CODE, _NS)
-_TARGET = _NS["Solution"]() if "class Solution" in _SOURCE else None
-_signal.setitimer(_signal.ITIMER_REAL, 0)
-_METHOD = getattr(_TARGET, __NAME__) if _TARGET is not None else _NS[__NAME__]
+def _load():
+    ns = {"__name__": "__main__", "__builtins__": _b}
+    exec(_PREAMBLE, ns)
+    exec(_CODE, ns)
+    target = ns["Solution"]() if "class Solution" in _SOURCE else None
+    _TARGET.append(getattr(target, __NAME__) if target is not None else ns[__NAME__])
 
 
-def run_call(args, timeout_s):
+def run_call(args):
+    # the first call (args None) loads the solution: timed from outside as every test is
+    if args is None:
+        status = _run(_load, _io.StringIO(""), _Sink())
+        return [status, None] if status == "ok" else [status + " (while loading the solution)"]
     result = []
 
     def work():
-        result.append(_METHOD(*args))
+        result.append(_TARGET[0](*args))
 
-    status = _timed(work, timeout_s, _io.StringIO(""), _Sink())
+    status = _run(work, _io.StringIO(""), _Sink())
     return [status, result[0]] if status == "ok" else [status]
 '''
 
@@ -223,13 +210,14 @@ def stdio_candidate(code: str) -> str:
     return _runtime(code) + _STDIO
 
 
-def call_candidate(code: str, func_name: str, timeout_s: float) -> str:
-    """The candidate side of a call-based problem: runs ``code`` once (within ``timeout_s``, as
-    LiveCodeBench's grader loads it), then serves ``run_call`` on ``Solution().<func_name>`` (or
-    the function ``func_name`` when ``code`` defines no ``Solution`` class, as that grader does)."""
+def call_candidate(code: str, func_name: str) -> str:
+    """The candidate side of a call-based problem: ``run_call(None)`` runs ``code`` once (a call
+    timed as a test, as LiveCodeBench's grader loads it within the timeout), then ``run_call(args)``
+    calls ``Solution().<func_name>`` (or the function ``func_name`` when ``code`` defines no
+    ``Solution`` class, as that grader does)."""
     if not func_name.isidentifier():
         raise ValueError(f"func_name: {func_name!r} is not a Python identifier")
-    return _runtime(code) + _CALL.replace("__NAME__", repr(func_name)).replace("__TIMEOUT__", repr(float(timeout_s)))
+    return _runtime(code) + _CALL.replace("__NAME__", repr(func_name))
 
 
 def _literal(data: Any) -> str:
@@ -237,40 +225,43 @@ def _literal(data: Any) -> str:
 
 
 _CHECK_REPLY = '''
-    _dlm_dt = _dlm_time.monotonic() - _dlm_t
     assert type(_dlm_reply) is list and _dlm_reply and type(_dlm_reply[0]) is str, f"test {_dlm_i}: a reply out of shape"
-    assert _dlm_dt <= _DLM_TIMEOUT + _DLM_SLACK, f"test {_dlm_i}: time limit exceeded ({_dlm_dt:.2f} s)"
     assert _dlm_reply[0] == "ok" and len(_dlm_reply) == 2, f"test {_dlm_i}: {_dlm_reply[0][:300]}"
 '''
 
 
+def call_limit(timeout_s: float) -> float:
+    """Seconds one test (one call across the sandbox) may take on the test side's clock: the
+    per-test timeout plus :data:`SLACK_S` for the transfer (``run_tests``' ``call_timeout_s``)."""
+    return float(timeout_s) + SLACK_S
+
+
 def run_timeout(timeout_s: float, n_tests: int) -> float:
     """The whole run's wall-clock limit: LiveCodeBench's global one, ``(timeout + 1) * tests + 5``
-    (the per-test timer and the test side's clock end a slow test long before it)."""
+    (the per-call limit ends a slow test long before it; a call-based load counts as one test)."""
     return (timeout_s + 1.0) * n_tests + 5.0
 
 
-def stdio_tests(cases: Sequence[tuple[str, str]], timeout_s: float) -> str:
+def stdio_tests(cases: Sequence[tuple[str, str]]) -> str:
     """The test side of a stdin/stdout problem: ``(stdin, expected stdout)`` pairs, in order."""
-    head = ["import json as _dlm_json, time as _dlm_time", inspect.getsource(lines_match),
+    head = ["import json as _dlm_json", inspect.getsource(lines_match),
             f"_DLM_CASES = {_literal([list(c) for c in cases])}",
-            f"_DLM_TIMEOUT, _DLM_SLACK = {float(timeout_s)!r}, {SLACK_S!r}",
             "for _dlm_i, (_dlm_in, _dlm_exp) in enumerate(_DLM_CASES):",
-            "    _dlm_t = _dlm_time.monotonic()",
-            "    _dlm_reply = run_stdio(_dlm_in, _DLM_TIMEOUT, 2 * len(_dlm_exp) + 65536)"]
+            "    _dlm_reply = run_stdio(_dlm_in, 2 * len(_dlm_exp) + 65536)"]
     tail = ['    assert type(_dlm_reply[1]) is str and lines_match(_dlm_reply[1], _dlm_exp), '
             'f"test {_dlm_i}: wrong answer"']
     return "\n".join(head) + _CHECK_REPLY + "\n".join(tail) + "\n"
 
 
-def call_tests(cases: Sequence[tuple[list[Any], Any]], timeout_s: float) -> str:
-    """The test side of a call-based problem: ``(argument list, expected value)`` pairs, in order."""
-    head = ["import json as _dlm_json, time as _dlm_time",
+def call_tests(cases: Sequence[tuple[list[Any], Any]]) -> str:
+    """The test side of a call-based problem: the load (``run_call(None)``), then ``(argument list,
+    expected value)`` pairs, in order."""
+    head = ["import json as _dlm_json",
             f"_DLM_CASES = {_literal([[list(a), e] for a, e in cases])}",
-            f"_DLM_TIMEOUT, _DLM_SLACK = {float(timeout_s)!r}, {SLACK_S!r}",
+            "_dlm_i, _dlm_reply = 'load', run_call(None)",
+            _CHECK_REPLY.replace("\n    ", "\n").strip(),
             "for _dlm_i, (_dlm_args, _dlm_exp) in enumerate(_DLM_CASES):",
-            "    _dlm_t = _dlm_time.monotonic()",
-            "    _dlm_reply = run_call(_dlm_args, _DLM_TIMEOUT)"]
+            "    _dlm_reply = run_call(_dlm_args)"]
     tail = ["    _dlm_got = list(_dlm_reply[1]) if type(_dlm_reply[1]) is tuple else _dlm_reply[1]",
             '    assert _dlm_got == _dlm_exp, f"test {_dlm_i}: wrong answer"']
     return "\n".join(head) + _CHECK_REPLY + "\n".join(tail) + "\n"

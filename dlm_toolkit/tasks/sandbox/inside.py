@@ -24,12 +24,14 @@ Everything before ``exec(...)`` of untrusted code is ours:
                exception crosses as ``[builtin class name, message]``.
 ``tests``      wait for the candidate's "ready", run the tests with ``entry_point`` bound to a
                proxy that sends the arguments and returns the decoded result, and write the
-               verdict to the report pipe, which only the harness reads.
+               verdict to the report pipe, which only the harness reads. With ``call_timeout_s``,
+               each call's whole reply must arrive within that many seconds of this side's clock
+               (from before the request is sent): a late one fails the run, whatever it holds.
 """
 
 from .protocol import (  # noqa: F401 -- for readers and linters; the sandbox gets protocol.py's source instead
-    MAX_TEXT, ChannelClosed, NotPlainData, ProtocolError, decode, encode, exception_name, rebuild_exception,
-    receive, send)
+    MAX_TEXT, ChannelClosed, DeadlinePassed, NotPlainData, ProtocolError, decode, encode, exception_name,
+    rebuild_exception, receive, send)
 
 raise ImportError("dlm_toolkit.tasks.sandbox.inside is the program sandboxed interpreters run, not a module "
                   "to import (see dlm_toolkit.tasks.sandbox.process.runner_source)")
@@ -266,6 +268,7 @@ class CandidateLost(BaseException):
 def run_tests():
     """Mode ``tests``: the benchmark's test code against a proxy of the candidate; verdict to the report pipe."""
     requests, replies, entry = cfg["requests_fd"], cfg["replies_fd"], cfg["entry_point"]
+    limit = cfg.get("call_timeout_s")
     state = {"lost": None, "calls": 0}
 
     def report(passed, reason):
@@ -292,6 +295,8 @@ def run_tests():
             raise CandidateLost(state["lost"])
         state["calls"] += 1
         seq = state["calls"]
+        # the candidate's time, measured here: nothing it runs (a caught signal, a patched clock) reaches it
+        deadline = None if limit is None else time.monotonic() + limit  # noqa: F821 -- with protocol.py
         try:
             send(requests, {"t": [seq, encode(list(args)), encode(kwargs)]})
         except NotPlainData as err:
@@ -299,7 +304,9 @@ def run_tests():
         except OSError as err:
             lose(f"call {seq}: the candidate is gone ({err})")
         try:
-            reply = decode(receive(replies))
+            reply = decode(receive(replies, deadline))
+        except DeadlinePassed:
+            lose(f"call {seq}: time limit exceeded (no reply within {limit:g} s)")
         except (ChannelClosed, ProtocolError, OSError) as err:
             lose(f"call {seq}: {err}")
         if type(reply) is not tuple or len(reply) < 3 or reply[0] != seq:

@@ -26,6 +26,8 @@ import builtins
 import json
 import math
 import os
+import select
+import time
 
 MAX_MESSAGE_BYTES = 16 << 20  # one call's arguments or one return value, encoded
 MAX_DEPTH = 100  # containers inside containers; real test data nests a few levels
@@ -42,6 +44,10 @@ class ProtocolError(Exception):
 
 class ChannelClosed(Exception):
     """The other side closed its end (it exited or was killed)."""
+
+
+class DeadlinePassed(Exception):
+    """No whole frame arrived before the reader's deadline (its own clock, outside the sender)."""
 
 
 def encode(value: object, depth: int = 0) -> object:
@@ -135,9 +141,15 @@ def send(fd: int, message: object) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_exactly(fd: int, size: int) -> bytes:
+def _read_exactly(fd: int, size: int, deadline: float | None = None) -> bytes:
     chunks, left = [], size
     while left:
+        if deadline is not None:  # poll, not select: the pipe's number may lie past select's 1024
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not poller.poll(wait * 1000):
+                raise DeadlinePassed("no reply before the deadline")
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
             raise ChannelClosed("the other side closed the channel")
@@ -146,12 +158,14 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def receive(fd: int) -> object:
-    """Read one frame: the JSON value it holds (tags still in place; see :func:`decode`)."""
-    size = int.from_bytes(_read_exactly(fd, 4), "big")
+def receive(fd: int, deadline: float | None = None) -> object:
+    """Read one frame: the JSON value it holds (tags still in place; see :func:`decode`).
+    With ``deadline`` (a :func:`time.monotonic` time), the whole frame must have arrived by then,
+    else :class:`DeadlinePassed`."""
+    size = int.from_bytes(_read_exactly(fd, 4, deadline), "big")
     if size > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"a frame of {size} bytes, more than {MAX_MESSAGE_BYTES}")
-    raw = _read_exactly(fd, size)
+    raw = _read_exactly(fd, size, deadline)
     try:
         return json.loads(raw.decode("ascii"), object_pairs_hook=_one_key_objects, parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:

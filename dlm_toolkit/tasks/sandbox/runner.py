@@ -36,6 +36,8 @@ class SandboxResult:
         reason: run_tests: why the run failed, as the test side saw it ('' when it passed).
         candidate_stdout_tail: run_tests: what the solution printed.
         candidate_stderr_tail: run_tests: the candidate side's stderr (a solution that fails to load).
+        python: the interpreter the code ran under (bubblewrap's, or process mode's, which may be
+            ``/usr/bin/python3`` rather than the evaluator's: :func:`sandbox_python`).
     """
 
     passed: bool
@@ -47,6 +49,17 @@ class SandboxResult:
     reason: str = ""
     candidate_stdout_tail: str = ""
     candidate_stderr_tail: str = ""
+    python: str = ""
+
+
+def sandbox_python(isolation: str, python: str | None = None) -> str:
+    """The interpreter sandboxed code runs under ``isolation`` (``"bwrap"`` or ``"process"``) when
+    ``python`` (default: the evaluator's own) is asked for: it differs where the sandbox's users
+    cannot read that one (a pyenv under ``/root``) and ``/usr/bin/python3`` stands in, with only
+    the libraries installed for it."""
+    if isolation == "bwrap":
+        return sandbox_info(python or sys.executable).bwrap_python or ""
+    return process_interpreter(python).python
 
 
 def _setup(timeout_s: float, memory_mb: int, python: str | None, unsafe_exec: bool,
@@ -141,7 +154,8 @@ def run_python(
             stdout, stderr = box.tails()
         reported = read_available(result_r, len(token) + 1)
         return SandboxResult(passed=returncode == 0 and not timed_out and reported == token, returncode=returncode,
-                             timed_out=timed_out, stderr_tail=stderr, stdout_tail=stdout, duration_s=duration)
+                             timed_out=timed_out, stderr_tail=stderr, stdout_tail=stdout, duration_s=duration,
+                             python=_ran(info, exe, boxed))
     finally:
         for fd in (token_r, result_r, result_w):
             if fd >= 0:
@@ -163,6 +177,7 @@ def run_tests(
     isolation: str | None = None,
     tmp_mb: int = 64,
     workdir_mb: int = 64,
+    call_timeout_s: float | None = None,
 ) -> SandboxResult:
     """Run ``tests`` against the function ``entry_point`` that ``solution`` defines, across a
     plain-data boundary; the verdict comes from the test side only.
@@ -192,6 +207,10 @@ def run_tests(
         guard: the reliability guard on the candidate side (the test side runs the benchmark's
             own code and only ever holds plain data, so it goes without).
         unsafe_exec, isolation, python, tmp_mb, workdir_mb: as in :func:`run_python` (per side).
+        call_timeout_s: each call of ``entry_point`` must be answered within this many seconds of
+            the test side's clock, transfer included, or the run fails ("time limit exceeded"):
+            the candidate's time is measured outside its process, so it cannot catch or stop the
+            timer (the candidate is killed when the run ends). ``None``: only ``timeout_s``.
 
     Returns:
         A :class:`SandboxResult`: ``passed`` iff the test side reported that the tests ran to
@@ -203,6 +222,8 @@ def run_tests(
     """
     if not (isinstance(entry_point, str) and entry_point.isidentifier() and not keyword.iskeyword(entry_point)):
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
+    if call_timeout_s is not None and not (type(call_timeout_s) in (int, float) and 0 < call_timeout_s < 1e9):
+        raise ValueError(f"call_timeout_s must be a number of seconds in (0, 1e9), got {call_timeout_s!r}")
     exe, info, boxed = _setup(timeout_s, memory_mb, python, unsafe_exec, isolation, tmp_mb, workdir_mb)
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
@@ -220,7 +241,7 @@ def run_tests(
             tester = stack.enter_context(SandboxProcess(  # the benchmark's own code: no guard to import (~50 ms)
                 mode="tests", files={"tests": tests},
                 fds={"requests_fd": requests_w, "replies_fd": replies_r, "report_fd": report_w},
-                **{**common, "guard": False}))
+                **{**common, "guard": False, "extra": {"entry_point": entry_point, "call_timeout_s": call_timeout_s}}))
             for fd in ours:  # only the two sides hold the channel now: a side that dies means EOF
                 os.close(fd)
             ours = []
@@ -236,10 +257,15 @@ def run_tests(
                                     str(report.get("reason") or f"the test side exited with {returncode}"))
         return SandboxResult(passed=passed, returncode=returncode, timed_out=not finished, stderr_tail=stderr,
                              stdout_tail=stdout, duration_s=duration, reason=reason,
-                             candidate_stdout_tail=cand_out, candidate_stderr_tail=cand_err)
+                             candidate_stdout_tail=cand_out, candidate_stderr_tail=cand_err,
+                             python=_ran(info, exe, boxed))
     finally:
         for fd in [*ours, report_r]:
             os.close(fd)
+
+
+def _ran(info: SandboxInfo, exe: str, boxed: bool) -> str:
+    return (info.bwrap_python or "") if boxed else exe
 
 
 def _parse_report(data: bytes) -> dict:
