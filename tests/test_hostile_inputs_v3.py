@@ -1,0 +1,128 @@
+"""The fourth hostile table (issue 42 items 1, 5, 9; issue 45 item 5): lm-eval task folders that a
+file or a store asks for, code-task options of the wrong type or range, and the rest of the earlier
+table. Every row: exit 2 (or a ConfigError), one line naming the option and what is allowed, before
+any work, and a near miss next to it still accepted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import sweep_helpers as h
+from dlm_toolkit.cli import main
+from dlm_toolkit.config import ConfigError
+from test_hostile_cli import TESTBED, run_cli
+from test_hostile_inputs import no_hang, settings_with, store_template  # noqa: F401  (fixtures)
+
+BENCH = Path(__file__).resolve().parent / "fixtures" / "benchmarks"
+
+# ----------------------------------------------------------------------------------------------- lm-eval imports
+T_YAML = """task: dlm_trap
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{reference}}}}"
+process_results: !function utils.f
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+UTILS = """from pathlib import Path
+Path({marker!r}).write_text("imported")
+
+
+def f(doc, results):
+    return {{"exact_match": float(results[0].strip() == doc["reference"])}}
+"""
+
+
+@pytest.fixture
+def trap(tmp_path) -> tuple[Path, Path]:
+    """``(DIR, MARKER)``: ``DIR/dlm_trap.yaml`` says ``process_results: !function utils.f``, and
+    ``DIR/utils.py`` writes ``MARKER`` when it is imported."""
+    folder, marker = tmp_path / "tasks", tmp_path / "marker"
+    folder.mkdir()
+    (folder / "data.jsonl").write_text(json.dumps({"prompt": "1+2=", "reference": "3"}) + "\n")
+    (folder / "dlm_trap.yaml").write_text(T_YAML.format(data=folder / "data.jsonl"))
+    (folder / "utils.py").write_text(UTILS.format(marker=str(marker)))
+    return folder, marker
+
+
+@pytest.mark.parametrize("top_level_grant", [False, True])
+def test_an_experiment_file_cannot_make_lm_eval_import(trap, top_level_grant, tmp_path, capsys):
+    """``include_path`` from an experiment file is refused naming the flag, whatever the file's own
+    ``allow_import: true`` says (that names strategy classes; it grants no task files)."""
+    folder, marker = trap
+    exp = h.write_yaml(tmp_path / "exp.yaml", h.experiment(
+        task="lm_eval", task_args={"task": "dlm_trap", "include_path": str(folder)}, allow_import=top_level_grant))
+    line = run_cli(["sweep", str(exp), "--storage", f"sqlite:///{tmp_path}/o.db", "--no-progress"], capsys, tmp_path)
+    assert "task_args.include_path" in line and "--allow-import" in line, line
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("task_args,needle", [
+    ({"task": "dlm_trap", "allow_import": True}, "task_args.allow_import: lets lm-eval import Python from files"),
+    ({"task": "{folder}/dlm_trap.yaml"}, "is a file: lm-eval would import Python"),
+])
+def test_an_experiment_file_cannot_name_a_task_file_or_grant_itself(trap, task_args, needle, tmp_path, capsys):
+    folder, marker = trap
+    args = {k: v.format(folder=folder) if isinstance(v, str) else v for k, v in task_args.items()}
+    exp = h.write_yaml(tmp_path / "exp.yaml", h.experiment(task="lm_eval", task_args=args))
+    line = run_cli(["sweep", str(exp), "--storage", f"sqlite:///{tmp_path}/o.db", "--no-progress"], capsys, tmp_path)
+    assert needle in line and "--allow-import" in line, line
+    assert not marker.exists()
+
+
+def test_the_flag_grants_lm_eval_imports_to_a_sweep(trap):
+    """Near miss: ``dlm sweep --allow-import`` (``load_experiment(allow_import=True)``) builds the task,
+    and lm-eval imports the folder's Python."""
+    from dlm_toolkit.sweep.experiment import load_experiment
+
+    folder, marker = trap
+    exp = load_experiment(h.experiment(task="lm_eval", task_args={"task": "dlm_trap", "include_path": str(folder)}),
+                          allow_import=True)
+    assert exp.task_args["allow_import"] is True and marker.read_text() == "imported"
+
+
+def test_a_store_naming_a_task_folder_is_refused(trap, store_template, tmp_path, capsys):  # noqa: F811
+    folder, marker = trap
+    db = tmp_path / "optuna.db"
+    shutil.copy(store_template, db)
+    args = ["replay", "--trial", "0", "--storage", f"sqlite:///{db}", "--study-name", "s"]
+    settings_with(task="lm_eval", task_args={"task": "dlm_trap", "include_path": str(folder)})(db)
+    line = run_cli(args, capsys, tmp_path)
+    assert "task_args.include_path" in line and "--allow-import" in line, line
+    settings_with(task="lm_eval", task_args={"task": "dlm_trap", "include_path": str(folder), "allow_import": True})(db)
+    line = run_cli(args, capsys, tmp_path)
+    assert "stored task_args.allow_import" in line and "`dlm replay --allow-import`" in line, line
+    assert not marker.exists()
+
+
+def test_dlm_eval_with_the_flag_uses_the_folder(trap, capsys):
+    """The user's own command line: refused without the flag, and with it the task's own
+    ``process_results`` (the imported ``utils.f``) scores the decode."""
+    folder, marker = trap
+    args = ["eval", "--checkpoint", str(TESTBED), "--task", "lm_eval", "--task-arg", "task=dlm_trap",
+            "--task-arg", f"include_path={folder}", "--n", "1", "--json", "--no-progress"]
+    assert main(args) == 2
+    assert "--allow-import" in capsys.readouterr().err and not marker.exists()
+    assert main([*args, "--allow-import"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 1 and marker.read_text() == "imported"
+
+
+def test_a_task_argument_cannot_grant_imports(capsys, tmp_path):
+    line = run_cli(["eval", "--checkpoint", str(TESTBED), "--task", "lm_eval", "--task-arg", "task=x",
+                    "--task-arg", "allow_import=true", "--n", "1"], capsys, tmp_path)
+    assert "allow_import has its own flag: pass --allow-import" in line, line
