@@ -126,3 +126,103 @@ def test_a_task_argument_cannot_grant_imports(capsys, tmp_path):
     line = run_cli(["eval", "--checkpoint", str(TESTBED), "--task", "lm_eval", "--task-arg", "task=x",
                     "--task-arg", "allow_import=true", "--n", "1"], capsys, tmp_path)
     assert "allow_import has its own flag: pass --allow-import" in line, line
+
+
+# ----------------------------------------------------------------------------------------------- code-task options
+FIX = Path(__file__).resolve().parent / "fixtures"
+CODE_TASKS = {  # task -> its data option (the limits are checked before any file is read)
+    "humaneval": {}, "mbpp": {"data": str(BENCH / "mbpp")}, "humaneval_plus": {"data": str(BENCH / "evalplus")},
+    "mbpp_plus": {"data": str(BENCH / "evalplus")}, "livecodebench": {"data": str(FIX / "livecodebench")},
+    "bigcodebench": {"data": str(FIX / "bigcodebench")},
+}
+
+
+def machine_half_mb() -> int:
+    """Half of this machine's memory, read from /proc/meminfo (and the cgroup's limit where lower)."""
+    total = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                     if ln.startswith("MemTotal:"))) * 1024
+    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        if limit.exists() and limit.read_text().strip().isdigit():
+            total = min(total, int(limit.read_text()))
+    return total // 2 >> 20
+
+
+OPTION_ROWS = {  # name -> (options, what the one line must say)
+    "memory 1e13": ({"memory_mb": 10_000_000_000_000}, "memory_mb: must be an integer in [64, {half}]"),
+    "memory past half the machine": ({"memory_mb": "{half+1}"}, "memory_mb: must be an integer in [64, {half}]"),
+    "memory as text": ({"memory_mb": "512"}, "memory_mb: must be an integer in [64, {half}] (MiB; at most half of "
+                       "this machine's memory) (got '512')"),
+    "memory true": ({"memory_mb": True}, "memory_mb: must be an integer"),
+    "memory 63": ({"memory_mb": 63}, "memory_mb: must be an integer in [64,"),
+    "memory 512.0": ({"memory_mb": 512.0}, "memory_mb: must be an integer"),
+    "timeout a mapping": ({"timeout_s": {"a": 1}}, "timeout_s: must be a number > 0 and <= 3600 (seconds) (got {'a': 1})"),
+    "timeout true": ({"timeout_s": True}, "timeout_s: must be a number > 0 and <= 3600 (seconds) (got True)"),
+    "timeout 1e309": ({"timeout_s": json.loads("1e309")}, "timeout_s: must be a number > 0 and <= 3600"),
+    "timeout nan": ({"timeout_s": float("nan")}, "timeout_s: must be a number > 0"),
+    "timeout 0": ({"timeout_s": 0}, "timeout_s: must be a number > 0"),
+    "timeout 3600.5": ({"timeout_s": 3600.5}, "timeout_s: must be a number > 0 and <= 3600"),
+    "timeout as text": ({"timeout_s": "5"}, "timeout_s: must be a number"),
+}
+
+
+def _fill(value, half):
+    return int(value.format(**{"half+1": half + 1})) if isinstance(value, str) and "{" in value else value
+
+
+@pytest.mark.parametrize("task", sorted(CODE_TASKS))
+@pytest.mark.parametrize("row", sorted(OPTION_ROWS))
+def test_code_task_limits_are_typed_and_bounded(task, row):
+    from dlm_toolkit.tasks import get_task
+
+    options, needle = OPTION_ROWS[row]
+    half = machine_half_mb()
+    options = {k: _fill(v, half) for k, v in options.items()}
+    with pytest.raises(ConfigError) as err:
+        get_task(task, **CODE_TASKS[task], **options)
+    line = str(err.value)
+    assert needle.replace("{half}", str(half)) in line and f"task '{task}'" in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("value,needle", [(1e12, "max_test_mb: must be a number > 0 and <= 256 (MiB)"),
+                                          (256.5, "<= 256"), (True, "max_test_mb"), ("1", "max_test_mb")])
+def test_livecodebench_test_size_bound_cannot_be_lifted(value, needle):
+    from dlm_toolkit.tasks import get_task
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        get_task("livecodebench", data=str(FIX / "livecodebench"), max_test_mb=value)
+
+
+def test_the_edges_are_accepted():
+    """Near misses: the largest memory this machine allows, 64 MiB, 3600 s, an integer time and
+    256 MiB of tests build the task."""
+    from dlm_toolkit.tasks import get_task
+
+    half = machine_half_mb()
+    for options in ({"memory_mb": half, "timeout_s": 3600}, {"memory_mb": 64, "timeout_s": 0.001}):
+        task = get_task("humaneval", **options)
+        assert (task.memory_mb, task.timeout_s) == (options["memory_mb"], float(options["timeout_s"]))
+    assert get_task("mbpp", data=str(BENCH / "mbpp"), memory_mb=half).memory_mb == half
+    lcb = get_task("livecodebench", data=str(FIX / "livecodebench"), release_version="release_v2", max_test_mb=256)
+    assert lcb.max_test_bytes == 256 << 20
+
+
+def test_bigcodebench_default_memory_is_lowered_on_a_small_machine(capsys):
+    """The official 30 GiB cannot protect a machine with less than 60 GiB: the default becomes half
+    of this machine's memory, and the task says so."""
+    from dlm_toolkit.tasks.code import code_limits
+
+    half = machine_half_mb()
+    limits = code_limits("bigcodebench", timeout_s=240, memory_mb=None, default_memory_mb=30 * 1024)
+    assert limits.memory_mb == min(30 * 1024, half)
+    note = capsys.readouterr().err
+    if half < 30 * 1024:  # this machine (23 GiB here): lowered, and said
+        assert f"bigcodebench: memory_mb {half} (the default 30720 lowered to half of this machine's memory" in note
+    assert code_limits("bigcodebench", timeout_s=240, memory_mb=None, default_memory_mb=64).memory_mb == 64
+    assert capsys.readouterr().err == ""  # a default within the machine is kept, silently
+
+
+def test_plus_must_be_a_bool():
+    from dlm_toolkit.tasks import get_task
+
+    with pytest.raises(ConfigError, match="plus: must be true or false"):
+        get_task("mbpp_plus", data=str(BENCH / "evalplus"), plus="no")
