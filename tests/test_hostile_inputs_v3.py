@@ -226,3 +226,58 @@ def test_plus_must_be_a_bool():
 
     with pytest.raises(ConfigError, match="plus: must be true or false"):
         get_task("mbpp_plus", data=str(BENCH / "evalplus"), plus="no")
+
+
+# ----------------------------------------------------------------------------------------------- hints (issue 45.5)
+def test_the_no_bubblewrap_refusal_names_the_flag_that_works():
+    """The refusal used to suggest the task argument ``unsafe_exec: true``, which is refused
+    everywhere: it names only the command-line flag now."""
+    import dataclasses
+
+    from dlm_toolkit.tasks.sandbox import SandboxUnavailable, check_isolation, sandbox_info
+
+    info = dataclasses.replace(sandbox_info(), bwrap=None, bwrap_problem="bwrap: not found")
+    with pytest.raises(SandboxUnavailable) as err:
+        check_isolation(False, info=info)
+    line = str(err.value)
+    assert "pass --unsafe-exec on the command line" in line and "bwrap: not found" in line
+    assert "unsafe_exec: true" not in line and "\n" not in line
+
+
+def test_pyproject_extra_and_the_modules_it_provides_agree():
+    """``EXTRA_MODULES`` is what the ``bigcodebench`` extra installs: each module is its distribution's
+    name or, for one installed here, an import name its metadata lists (``bs4`` of beautifulsoup4);
+    each distribution of the extra contributes one."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    from dlm_toolkit.tasks.bigcodebench import EXTRA_MODULES
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    dists = {r.split("==")[0].lower() for r in extra["project"]["optional-dependencies"]["bigcodebench"]}
+    installed = {m: {d.lower() for d in ds} for m, ds in packages_distributions().items()}
+
+    def sources(module: str) -> set[str]:
+        return ({module.lower()} | installed.get(module, set())) & dists
+
+    assert all(sources(m) for m in EXTRA_MODULES), sorted(m for m in EXTRA_MODULES if not sources(m))
+    assert set().union(*map(sources, EXTRA_MODULES)) == dists
+
+
+@pytest.mark.parametrize("missing,wanted,unwanted", [
+    ({"BigCodeBench/1": ["scipy"]}, "pip install 'dlm-toolkit[bigcodebench]' provides scipy", "lacks"),
+    ({"BigCodeBench/1": ["dlm_absent"]}, "the sandbox interpreter lacks dlm_absent (no extra of dlm-toolkit provides "
+                                         "it): install it into that environment", "pip install"),
+    ({"BigCodeBench/1": ["scipy", "dlm_absent"], "BigCodeBench/2": ["dlm_absent"]},
+     "pip install 'dlm-toolkit[bigcodebench]' provides scipy; the sandbox interpreter lacks dlm_absent", None),
+])
+def test_env_missing_suggests_the_extra_only_for_what_it_provides(missing, wanted, unwanted):
+    from types import SimpleNamespace
+
+    from dlm_toolkit.tasks.bigcodebench import BigCodeBenchTask
+    from dlm_toolkit.tasks.unittest_box import LibraryEnv
+
+    state = SimpleNamespace(env_missing=missing, env=LibraryEnv(python="/opt/py/bin/python3"))
+    line = BigCodeBenchTask.env_report(state)
+    assert wanted in line and "(/opt/py/bin/python3)" in line and "\n" not in line, line
+    assert unwanted is None or unwanted not in line, line
