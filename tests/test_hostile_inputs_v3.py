@@ -281,3 +281,51 @@ def test_env_missing_suggests_the_extra_only_for_what_it_provides(missing, wante
     line = BigCodeBenchTask.env_report(state)
     assert wanted in line and "(/opt/py/bin/python3)" in line and "\n" not in line, line
     assert unwanted is None or unwanted not in line, line
+
+
+# ----------------------------------------------------------------------------------------------- the rest (42.9)
+from dlm_toolkit.strategy.registry import BLOCKS  # noqa: E402
+
+
+class _TooWide(BLOCKS.get("dsb")):
+    """Proposes a first block one position wider than its window (max_block_length 8)."""
+    def first_bounds(self, state):
+        lo, _ = super().first_bounds(state)
+        return lo, lo + 9
+
+
+class _JustWide(BLOCKS.get("dsb")):
+    """Near miss: exactly the window."""
+    def first_bounds(self, state):
+        lo, _ = super().first_bounds(state)
+        return lo, lo + 8
+
+
+class _MovesBack(BLOCKS.get("dsb")):
+    """Moves the block's start back by one after a step (positions before it are final)."""
+    def next_bounds(self, state, ctx):
+        lo, hi = super().next_bounds(state, ctx)
+        back = (lo > state.block_lo) & (state.block_lo > state.prompt_len)  # a second move: one back instead
+        return torch.where(back, state.block_lo - 1, lo), torch.where(back, state.block_lo + 1, hi)
+
+
+import torch  # noqa: E402
+
+
+@pytest.mark.parametrize("cls,needle", [
+    ("_TooWide", r"proposed the active block \[5, 14\) for batch row 0, which is 9 wide, more than the window "
+                 r"\(max_block_length 8\)"),
+    ("_MovesBack", r"which moved back before the previous block's start \d+ \(the positions before that are final\)"),
+])
+def test_a_dynamic_block_wider_than_its_window_or_moving_back_is_refused(cls, needle):
+    from dlm_toolkit import DecodingPolicy, StrategyError, decode
+    from dlm_toolkit.testing import tiny_llada2
+
+    def policy(name):
+        return DecodingPolicy({"m2t": {"name": "threshold"}, "blocks": {
+            "name": f"{__name__}:{name}", "params": {"block_length": 4, "max_block_length": 8}}})
+
+    with pytest.raises(StrategyError, match=needle) as err:
+        decode(tiny_llada2(seed=1), [[1, 2, 3, 4, 5]], policy(cls), 12)
+    assert "\n" not in str(err.value)
+    assert decode(tiny_llada2(seed=1), [[1, 2, 3, 4, 5]], policy("_JustWide"), 12).forward_calls > 0  # near miss
