@@ -121,7 +121,8 @@ def uid_lease() -> Iterator[int]:
             finally:
                 os.close(fd)  # releases the lock
         return
-    raise PoolUnavailable(f"all {POOL_SIZE} sandbox uids ({POOL_FIRST}..{POOL_FIRST + POOL_SIZE - 1}) are in use by other sandboxed runs; wait for them or run fewer at once (--workers)")
+    raise PoolUnavailable(f"all {POOL_SIZE} sandbox uids ({POOL_FIRST}..{POOL_FIRST + POOL_SIZE - 1}) are in use by "
+                          "other sandboxed runs; wait for them or run fewer at once (--workers)")
 
 
 def leased(uid: int) -> bool:
