@@ -21,7 +21,8 @@ repeats, its occurrence -- so a request decodes and scores the same whatever bat
 other requests it comes with), ``stop_every`` (blocks between stop-string checks), ``kv_cache``,
 ``mc_num`` and ``mc_batch_size`` (loglikelihood: Monte-Carlo samples per request, and per forward),
 ``tracking_uri`` (MLflow; default ``$MLFLOW_TRACKING_URI`` when set) and ``experiment_name``;
-lm-eval's ``--batch_size`` is the decode batch.
+lm-eval's ``--batch_size`` is the decode batch. A key not in this list (``presett=``) is refused
+naming the nearest one, and each value is checked for its type (``kv_cache=no`` is not a boolean).
 
 ``generate_until`` decodes batches of requests with the policy, stops each row at the request's
 ``until`` strings or EOS (its further blocks are not decoded: :mod:`dlm_toolkit.evaluation.generate`) and at
