@@ -33,7 +33,9 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
 
 def add_import_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-import", action="store_true",
-                   help="let policies name strategy classes as package.module:Class (imports that module)")
+                   help="let policies name strategy classes as package.module:Class (imports that module), and the "
+                        "lm_eval task read task files from a folder or path (task argument include_path; lm-eval "
+                        "imports their !function Python, unsandboxed); never read from a file or a store")
 
 
 def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
@@ -157,16 +159,17 @@ def task_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.gen_length <= 0:
             raise ConfigError(f"--gen-length: must be >= 1 (got {args.gen_length})")
         options["answer_length"] = args.gen_length
-    if args.unsafe_exec and cls is not None and "unsafe_exec" in inspect.signature(cls).parameters:
-        options["unsafe_exec"] = True
+    for key in ("unsafe_exec", "allow_import"):  # privileges: only these flags grant them
+        if getattr(args, key, False) and cls is not None and key in inspect.signature(cls).parameters:
+            options[key] = True
     options.update(parse_task_args(getattr(args, "task_arg", []) or []))
     return options
 
 
-# options a --task-arg may not set: each has its own flag (and unsafe_exec is a privilege, granted by the
-# flag a person types, never by a KEY=VALUE that a script or a copied command line could carry along)
+# options a --task-arg may not set: each has its own flag (unsafe_exec and allow_import are privileges, granted
+# by the flag a person types, never by a KEY=VALUE that a script or a copied command line could carry along)
 OWN_FLAGS = {"data": "--data", "chat": "--chat", "system": "--system", "answer_length": "--gen-length",
-             "unsafe_exec": "--unsafe-exec"}
+             "unsafe_exec": "--unsafe-exec", "allow_import": "--allow-import"}
 
 
 def parse_task_args(items: list[str]) -> dict[str, Any]:

@@ -96,7 +96,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dlm_toolkit.sweep.study import run_sweep
 
     quiet_mlflow(args.verbose)
-    exp = load_experiment(args.experiment, parse_sets(args.set), unsafe_exec=args.unsafe_exec)
+    exp = load_experiment(args.experiment, parse_sets(args.set), unsafe_exec=args.unsafe_exec,
+                          allow_import=args.allow_import)
     if args.cuda_graphs is not None:  # the flag wins over the experiment's cuda_graphs key
         exp = exp.model_copy(update={"cuda_graphs": args.cuda_graphs})
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else [args.device or exp.device]
@@ -196,7 +197,8 @@ def log_pareto_to_parent(summary: Any, study: Any, storage: str, tracking_uri: s
 def cmd_replay(args: argparse.Namespace) -> int:
     check_cuda_graphs(args.cuda_graphs, [args.device])
     out = replay(args.storage, args.study_name, args.trial, load=lambda path: load_for_args(args, path),
-                 threads=args.threads, cuda_graphs=args.cuda_graphs, unsafe_exec=args.unsafe_exec)
+                 threads=args.threads, cuda_graphs=args.cuda_graphs, unsafe_exec=args.unsafe_exec,
+                 allow_import=args.allow_import)
     for warning in out["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -214,12 +216,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def replay(storage: str, study_name: str, number: int, load: Callable[[str], tuple[Any, Any]] | None = None,
-           threads: int | None = None, cuda_graphs: bool | None = None, unsafe_exec: bool = False) -> dict[str, Any]:
+           threads: int | None = None, cuda_graphs: bool | None = None, unsafe_exec: bool = False,
+           allow_import: bool = False) -> dict[str, Any]:
     """Re-evaluate trial ``number``'s stored policy with the study's settings; compare metrics.
     ``load``: checkpoint folder -> (model, tokenizer) (default: :func:`load_checkpoint` on the CPU);
     ``threads``, ``cuda_graphs``: as :func:`~dlm_toolkit.evaluation.evaluate.evaluate`'s (graphs change no
-    metric but the timing ones). ``unsafe_exec`` (``--unsafe-exec``) is the only source of that
-    privilege: a store whose ``task_args`` ask for it is refused without it, before anything runs."""
+    metric but the timing ones). ``unsafe_exec`` (``--unsafe-exec``) and ``allow_import``
+    (``--allow-import``) are the only sources of those privileges: a store whose ``task_args`` ask
+    for one is refused without its flag, before anything runs."""
     from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.tasks import get_task
@@ -244,13 +248,16 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
     from dlm_toolkit.sweep.experiment import PRIVILEGED_TASK_ARGS, _takes
 
     task_args = dict(settings["task_args"])
-    asked = [k for k in PRIVILEGED_TASK_ARGS if task_args.pop(k, False) not in (False, None)]
-    if asked and not unsafe_exec:
-        raise ConfigError(f"study {study_name!r}: stored task_args.{asked[0]} asks to run generated code without "
-                          f"bubblewrap; a store never grants that: pass `dlm replay {PRIVILEGED_TASK_ARGS[asked[0]]}` "
-                          "to allow it")
-    if unsafe_exec and _takes(settings["task"], "unsafe_exec"):
-        task_args["unsafe_exec"] = True
+    granted = {"unsafe_exec": unsafe_exec, "allow_import": allow_import}
+    asked = [k for k in PRIVILEGED_TASK_ARGS if task_args.pop(k, False) not in (False, None) and not granted[k]]
+    if asked:
+        what = {"unsafe_exec": "to run generated code without bubblewrap",
+                "allow_import": "for lm-eval to import Python from task files"}[asked[0]]
+        raise ConfigError(f"study {study_name!r}: stored task_args.{asked[0]} asks {what}; a store never grants "
+                          f"that: pass `dlm replay {PRIVILEGED_TASK_ARGS[asked[0]]}` to allow it")
+    for key, flag in granted.items():
+        if flag and _takes(settings["task"], key):
+            task_args[key] = True
     try:
         task = get_task(settings["task"], **task_args)
     except ConfigError:

@@ -19,6 +19,7 @@ from dlm_toolkit.strategy.policy import DecodingPolicy
 from dlm_toolkit.util.runtime import is_small, resolve_device, resolve_dtype, resolve_threads, threads_scope
 from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.tasks import Task, get_task
+from dlm_toolkit.tasks.base import check_prompt_length
 
 
 @dataclass
@@ -138,7 +139,11 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
 
 def task_prompt(tokenizer: Any, task: Task, instance: Any, chat: bool) -> list[int]:
     """The ids an instance is decoded from: its raw prompt, or (``chat``) its user message (after
-    the task's system turn, if any) through the tokenizer's chat template."""
+    the task's system turn, if any) through the tokenizer's chat template. A text past
+    :data:`~dlm_toolkit.tasks.base.MAX_PROMPT_CHARS` is refused before the tokenizer sees it."""
+    ident = next((instance.meta[k] for k in ("task_id", "question_id", "index") if k in instance.meta), None)
+    check_prompt_length(instance.prompt if not chat else task.user_message(instance),
+                        f"task '{task.name}'" + (f", instance {ident}" if ident is not None else ""))
     if not chat:
         return encode_prompt(tokenizer, instance.prompt, False)
     return encode_prompt(tokenizer, task.user_message(instance), True, task.system,

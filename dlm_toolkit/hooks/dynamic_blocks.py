@@ -20,7 +20,8 @@ everything the engine asks of a :class:`~dlm_toolkit.strategy.base.BlockSchedule
   block starts in are recomputed every forward until then (like DSB Cache's refreshed prefix
   window). Decoding with the cache on or off gives the same tokens and NFE.
 - **Bad proposals.** Every proposal is checked where it is made (:meth:`set_bounds`): a block that
-  starts inside the prompt, ends past the canvas or holds no position sets the device flag
+  starts inside the prompt, ends past the canvas, holds no position, is wider than the window or
+  starts before the previous block's start (positions before it are final) sets the device flag
   :data:`BOUNDS` (with the proposal), which the engine's one host read turns into one error
   naming the schedule (:mod:`dlm_toolkit.step.flags`).
 - **A hook.** The schedule asks for a :class:`DynamicBlocksHook` (``step_hooks``): it declares the
@@ -99,8 +100,10 @@ class DynamicBlockSchedule(BlockSchedule):
         """Take the proposal ``(lo, hi)`` for the rows where ``update`` holds, flag the ones outside
         ``[prompt_len, length)`` (the engine raises at its next read) and recount the block's masks."""
         assert state.block_lo is not None and state.block_hi is not None
-        bad = update & ~state.done & ((lo < state.prompt_len) | (hi > state.length) | (hi <= lo))
-        set_flag(state, BOUNDS, bad, torch.stack([lo, hi], 1), source=self)
+        width = self.window_width()
+        bad = update & ~state.done & ((lo < state.prompt_len) | (hi > state.length) | (hi <= lo)
+                                      | (hi - lo > width) | (lo < state.block_lo))
+        set_flag(state, BOUNDS, bad, torch.stack([lo, hi, state.block_lo, torch.full_like(lo, width)], 1), source=self)
         moved = update & (lo != state.block_lo)
         state.block_lo = torch.where(update, lo, state.block_lo)
         state.block_hi = torch.where(update, hi, state.block_hi)
@@ -175,17 +178,21 @@ def bounds_message(hit: FlagHit) -> str:
     """The message of a dynamic block proposed outside ``[prompt_len, canvas length)`` or holding no
     position (the :data:`BOUNDS` flag's factory; host reads: only on the way to raising)."""
     state, r = hit.state, hit.row
-    lo, hi = hit.payload
+    lo, hi, before, width = hit.payload
     p, n = int(state.prompt_len[r]), int(state.length[r])
     if lo < p:
         where = f"overlaps the prompt (positions [0, {p}))"
     elif hi <= lo:
         where = "is empty (it holds no position)"
-    else:
+    elif hi > n:
         where = f"leaves the canvas [0, {n})"
-    return (f"{hit.owner} proposed the active block [{lo}, {hi}) for batch row {r}, "
-            f"which {where}: a dynamic block must lie in [{p}, {n}) and hold at least one position")
+    elif hi - lo > width:
+        where = f"is {hi - lo} wide, more than the window (max_block_length {width})"
+    else:
+        where = f"moved back before the previous block's start {before} (the positions before that are final)"
+    return (f"{hit.owner} proposed the active block [{lo}, {hi}) for batch row {r}, which {where}: a dynamic "
+            f"block must lie in [{p}, {n}), hold 1 to {width} positions and never move back")
 
 
-# a row's first bad proposal (lo, hi); declared by DynamicBlocksHook
-BOUNDS = DeviceFlag("dynamic_bounds", bounds_message, payload=2)
+# a row's first bad proposal (lo, hi, the previous lo, the window width); declared by DynamicBlocksHook
+BOUNDS = DeviceFlag("dynamic_bounds", bounds_message, payload=4)

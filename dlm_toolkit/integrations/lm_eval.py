@@ -23,7 +23,8 @@ other requests it comes with), ``stop_every`` (blocks between stop-string checks
 ``loglik_last_block`` (``pad``, the default: the answer's last block padded with masks as a decode
 canvas; ``cut``: the sequence ends at the answer, LLaDA's estimator; :mod:`~dlm_toolkit.integrations.loglik`),
 ``tracking_uri`` (MLflow; default ``$MLFLOW_TRACKING_URI`` when set) and ``experiment_name``;
-lm-eval's ``--batch_size`` is the decode batch.
+lm-eval's ``--batch_size`` is the decode batch. A key not in this list (``presett=``) is refused
+naming the nearest one, and each value is checked for its type (``kv_cache=no`` is not a boolean).
 
 ``generate_until`` decodes batches of requests with the policy, stops each row at the request's
 ``until`` strings or EOS (its further blocks are not decoded: :mod:`dlm_toolkit.evaluation.generate`) and at
@@ -70,6 +71,44 @@ def _sets(text: str | None) -> dict[str, Any]:
     return out
 
 
+MAX_BATCH = 1 << 16
+
+
+def _integer(value: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"model_args {name}: must be an integer in [{lo}, {hi}] (got {value!r})")
+    return value
+
+
+def _batch_size(value: Any) -> int:
+    """lm-eval's ``--batch_size`` (text from its command line, an integer from Python) as rows per
+    decode: ``auto``/``auto:N`` (lm-eval's automatic sizing, which we do not do) decodes 8 at a time."""
+    if isinstance(value, str) and (value == "auto" or value.startswith("auto:")):
+        return 8
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return _integer(value, "batch_size", 1, MAX_BATCH)
+
+
+def model_arg_names() -> list[str]:
+    import inspect
+
+    return [p for p in inspect.signature(DlmLM.__init__).parameters if p != "self"]
+
+
+def check_model_args(args: dict[str, Any]) -> None:
+    """Refuse a ``model_args`` key the model does not take, naming the nearest one (``presett`` ->
+    ``preset``): a typo would otherwise be ignored and the run go on with the default."""
+    import difflib
+
+    known = model_arg_names()
+    for key in args:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ConfigError(f"model_args: unknown key {key!r}{hint} (known: {', '.join(known)})")
+
+
 @register_model("dlm")
 class DlmLM(LM):
     """lm-eval model over a dlm-toolkit checkpoint and decoding policy (see the module docstring)."""
@@ -79,7 +118,7 @@ class DlmLM(LM):
                  max_batch_size: int | None = None, seed: int = 0, threads: int | None = None, stop_every: int = 1,
                  kv_cache: bool = True, tracking_uri: str | None = None, experiment_name: str = "dlm-lm-eval",
                  mc_num: int = 128, mc_batch_size: int = 32, loglik_last_block: str = "pad",
-                 pretrained: str | None = None, **unused: Any) -> None:
+                 pretrained: str | None = None) -> None:
         super().__init__()
         from dlm_toolkit.util.distributed import init_from_env
         from dlm_toolkit.evaluation.evaluate import load_checkpoint
@@ -95,15 +134,26 @@ class DlmLM(LM):
         checkpoint = checkpoint or pretrained
         if not checkpoint:
             raise ConfigError("model_args: checkpoint=DIR (or pretrained=DIR) is required")
+        for name, value in (("checkpoint", checkpoint), ("preset", preset), ("policy", policy), ("set", set),
+                            ("device", device), ("dtype", dtype), ("tracking_uri", tracking_uri),
+                            ("experiment_name", experiment_name)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"model_args {name}: must be text (got {value!r})")
+        if not os.path.isdir(checkpoint):
+            raise ConfigError(f"model_args checkpoint: {checkpoint} is not a checkpoint folder")
         self.mc_num, self.mc_batch_size = check_mc_args(mc_num, mc_batch_size)
         self.loglik_last_block = check_last_block(loglik_last_block)
         self._warned_delimiter = False
+        self.batch_size = _batch_size(batch_size)
+        if max_batch_size is not None:
+            _integer(max_batch_size, "max_batch_size", 1, MAX_BATCH)
+        self.seed = _integer(seed, "seed", 0, 2**63 - 1)
+        self.stop_every = _integer(stop_every, "stop_every", 1, 1 << 20)
+        if not isinstance(kv_cache, bool):  # lm-eval turns true/false into booleans; "no" is not False
+            raise ConfigError(f"model_args kv_cache: must be true or false (got {kv_cache!r})")
+        self.kv_cache = kv_cache
         self.config = load_policy(policy or preset, _sets(set))
         self.policy = DecodingPolicy(self.config)
-        self.batch_size = 8 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size: must be >= 1 (got {batch_size!r})")
-        self.seed, self.stop_every, self.kv_cache = int(seed), int(stop_every), bool(kv_cache)
         resolve_threads(threads, small_model=True)
         tp, dev = init_from_env(device)
         self.model, self.tokenizer = load_checkpoint(checkpoint, device=dev, dtype=resolve_dtype(dtype, dev), tp=tp)
@@ -128,7 +178,10 @@ class DlmLM(LM):
         device (``cuda:0``, passed even when nobody asked for it) means the CPU where there is no GPU."""
         import torch
 
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        check_model_args(arg_dict)
+        known = model_arg_names()  # lm-eval's own additions (batch_size, device, ...) that we take
+        extra = {k: v for k, v in (additional_config or {}).items()
+                 if v is not None and k not in arg_dict and k in known}
         if extra.get("device") == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
             extra.pop("device")
         return cls(**arg_dict, **extra)
@@ -171,17 +224,18 @@ class DlmLM(LM):
                 logging.getLogger(__name__).warning(trap)
         out = []
         seeds = request_seeds(self.seed, requests)
-        for i, ((ctx_ids, cont_ids), seed) in enumerate(tqdm(list(zip(pairs, seeds)), desc="dlm loglikelihood",
-                                                             disable=disable_tqdm or not _is_main())):
+        bar = self._sample_bar("dlm loglikelihood", len(pairs), len(pairs), disable_tqdm)
+        for i, ((ctx_ids, cont_ids), seed) in enumerate(zip(pairs, seeds)):
             est = estimate_loglikelihood(self.model, ctx_ids, cont_ids, self.policy.blocks.block_length,
                                          mc_num=self.mc_num, mc_batch_size=self.mc_batch_size,
-                                         generator=torch.Generator().manual_seed(seed),
+                                         generator=torch.Generator().manual_seed(seed), progress=bar.update,
                                          last_block=self.loglik_last_block)
             self.loglik_log.append({"request": len(self.loglik_log), "logprob": est.logprob, "stderr": est.stderr,
                                     "samples": est.samples, "exact": est.exact, "greedy": est.greedy,
                                     "continuation_tokens": len(cont_ids)})
             out.append((est.logprob, est.greedy))
             self.cache_hook.add_partial("loglikelihood", requests[i].args, out[-1])
+        bar.close()
         if out and _is_main():
             errors = [r["stderr"] for r in self.loglik_log[-len(out):]]
             logging.getLogger(__name__).info(
@@ -200,20 +254,35 @@ class DlmLM(LM):
         block = self.policy.blocks.block_length
         width = max(1, (limit // 2) // block * block)
         out = []
-        for req, seed in zip(requests, request_seeds(self.seed, requests)):
-            ids = encode_text(self.tokenizer, req.args[0])
+        docs = [encode_text(self.tokenizer, req.args[0]) for req in requests]
+        windows = sum(-(-len(ids) // width) for ids in docs)
+        bar = self._sample_bar("dlm loglikelihood_rolling", len(docs), windows, disable_tqdm)
+        for req, ids, seed in zip(requests, docs, request_seeds(self.seed, requests)):
             gen = torch.Generator().manual_seed(seed)
             total, var = 0.0, 0.0
             for lo in range(0, len(ids), width):
                 est = estimate_loglikelihood(self.model, ids[max(0, lo - width):lo], ids[lo:lo + width], block,
                                              mc_num=self.mc_num, mc_batch_size=self.mc_batch_size, generator=gen,
-                                             last_block=self.loglik_last_block)
+                                             progress=bar.update, last_block=self.loglik_last_block)
                 total, var = total + est.logprob, var + est.stderr ** 2
             self.loglik_log.append({"request": len(self.loglik_log), "logprob": total, "stderr": var ** 0.5,
                                     "rolling": True, "tokens": len(ids)})
             out.append(total)
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        bar.close()
         return out
+
+    def _sample_bar(self, what: str, requests: int, estimates: int, disable: bool) -> Any:
+        """A progress bar over Monte-Carlo samples, after one line stating the cost up front: each
+        estimate takes ``mc_num`` samples in ``ceil(mc_num / mc_batch_size)`` forwards (one where
+        the estimate is exact)."""
+        forwards = -(-self.mc_num // self.mc_batch_size)
+        quiet = disable or not _is_main()
+        if not quiet:
+            print(f"{what}: {requests} request(s), {estimates} estimate(s) of mc_num {self.mc_num} samples: up to "
+                  f"{estimates * forwards} forwards of up to {self.mc_batch_size} rows (lower mc_num or raise "
+                  "mc_batch_size for fewer)", file=sys.stderr)
+        return tqdm(total=estimates * self.mc_num, desc=what, unit="sample", disable=quiet)
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Token ids of a request's context and continuation, split as lm-eval's own models split
@@ -383,9 +452,12 @@ def write_gsm8k_task(folder: str | os.PathLike, data: str | os.PathLike, max_gen
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """Raw ids of ``text`` (no special tokens; a chat template, if asked, is already applied)."""
+    """Raw ids of ``text`` (no special tokens; a chat template, if asked, is already applied), its
+    length checked first (:func:`~dlm_toolkit.tasks.base.check_prompt_length`)."""
     from dlm_toolkit.models.chat import encode_prompt
+    from dlm_toolkit.tasks.base import check_prompt_length
 
+    check_prompt_length(text, "an lm-eval request")
     return encode_prompt(tokenizer, text, False)
 
 

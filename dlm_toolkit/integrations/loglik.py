@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -108,7 +108,8 @@ def _draw(groups: list[torch.Tensor], l: int, n: int, gen: torch.Generator) -> t
 
 def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuation: Sequence[int],
                            block_length: int, *, mc_num: int = 128, mc_batch_size: int = 32,
-                           generator: torch.Generator | None = None, last_block: str = "pad") -> LoglikEstimate:
+                           generator: torch.Generator | None = None, last_block: str = "pad",
+                           progress: Callable[[int], None] | None = None) -> LoglikEstimate:
     """Estimate ``log p(continuation | context)`` (the ELBO of the module docstring).
 
     Args:
@@ -119,11 +120,15 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
         generator: CPU generator the masks are drawn from (seed it for reproducible estimates).
         last_block: ``"pad"`` (masks to the end of the last block) or ``"cut"`` (the sequence ends
             at the continuation): see the module docstring.
+        progress: called with the number of samples each forward settles (``mc_num`` in all, the
+            exact case and an empty continuation included), for a progress bar over samples.
     """
     mc_num, mc_batch_size = check_mc_args(mc_num, mc_batch_size)
     last_block = check_last_block(last_block)
     P, l = len(context), len(continuation)
+    done = progress or (lambda k: None)
     if l == 0:
+        done(mc_num)
         return LoglikEstimate(0.0, 0.0, 1, True, True)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     full = getattr(model, "attention", "block_causal") == "full"
@@ -163,6 +168,7 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
     everything = torch.ones(1, l, dtype=torch.bool)  # the greedy check's row rides along the first batch
     if exact:
         logp, argmax = score(everything)
+        done(mc_num)
         return LoglikEstimate(float(logp[0].sum()), 0.0, 1, True, bool((argmax[0] == target).all()))
     values, greedy = [], False
     for start in range(0, mc_num, mc_batch_size):
@@ -172,5 +178,6 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
         if first:
             greedy, logp = bool((argmax[0] == target).all()), logp[1:]
         values.append((logp.double() * weight.double()).sum(1))
+        done(masked.shape[0])
     v = torch.cat(values)
     return LoglikEstimate(float(v.mean()), float(v.std(unbiased=True)) / math.sqrt(mc_num), mc_num, False, greedy)

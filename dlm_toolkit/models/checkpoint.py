@@ -70,7 +70,10 @@ def _tokenizer_ids(path: Path) -> tuple[int | None, int | None]:
     eos = DEFAULT_EOS_TOKEN
     if (path / "tokenizer_config.json").is_file():
         named = read_json_object(inside(path, "tokenizer_config.json", "tokenizer file"), "tokenizer").get("eos_token") or eos
-        eos = named["content"] if isinstance(named, dict) else named
+        eos = named.get("content") if isinstance(named, dict) else named  # the added-token form: {"content": ...}
+        if not isinstance(eos, str):
+            raise CheckpointError(f"{path / 'tokenizer_config.json'}: eos_token must be a token's text or "
+                                  f"{{\"content\": text}} (got {named!r:.80})")
     return tok.token_to_id(MASK_TOKEN), tok.token_to_id(eos)
 
 

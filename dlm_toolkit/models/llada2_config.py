@@ -46,7 +46,7 @@ class LLaDA2Config(BaseModel):
     rms_norm_eps: float = Field(ge=1e-12, le=0.1)  # 1e-6 in the released models; outside, decodes are noise
     rope_theta: float = Field(gt=1, le=1e12)  # 600000 released; inf or 1e308 gives no rotation at all
     partial_rotary_factor: float = Field(gt=0, le=1)
-    max_position_embeddings: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0, le=1 << 20)  # 32768 released; past 1M positions no model here runs
     initializer_range: float = Field(default=0.02, gt=0)
     tie_word_embeddings: bool = False
     mask_token_id: int | None = Field(default=None, ge=0)

@@ -229,10 +229,15 @@ class Experiment(_Frozen):
                                   "search_space", "objectives")}
 
 
-PRIVILEGED_TASK_ARGS = {"unsafe_exec": "--unsafe-exec"}
+PRIVILEGED_TASK_ARGS = {"unsafe_exec": "--unsafe-exec", "allow_import": "--allow-import"}
 """Task arguments that weaken isolation, with the command-line flag that grants each: they are
 never read from an experiment file or a study store, only from the command line of the person
-who runs it (``dlm sweep --unsafe-exec``, ``dlm replay --unsafe-exec``)."""
+who runs it (``dlm sweep --unsafe-exec``, ``dlm replay --allow-import``). ``unsafe_exec``: a code
+task runs generated code without bubblewrap; ``allow_import``: ``lm_eval`` reads task files from
+a folder (``include_path``) or a YAML path, whose ``!function`` Python it imports unsandboxed (an
+experiment's top-level ``allow_import: true`` names strategy classes only; it grants nothing here)."""
+
+_PRIVILEGE_WHAT = {"unsafe_exec": "weakens the sandbox", "allow_import": "lets lm-eval import Python from files"}
 
 
 def check_unprivileged(task_args: Any, where: str, command: str) -> None:
@@ -245,7 +250,7 @@ def check_unprivileged(task_args: Any, where: str, command: str) -> None:
         return
     for key, flag in PRIVILEGED_TASK_ARGS.items():
         if key in task_args:
-            raise ConfigError(f"{where}: task_args.{key}: weakens the sandbox and is only taken from the command "
+            raise ConfigError(f"{where}: task_args.{key}: {_PRIVILEGE_WHAT[key]} and is only taken from the command "
                               f"line, never from a file; remove it and pass `{command} {flag}` to allow it")
 
 
@@ -254,6 +259,7 @@ def load_experiment(
     overrides: Mapping[str, Any] | None = None,
     base_dir: str | Path | None = None,
     unsafe_exec: bool = False,
+    allow_import: bool = False,
 ) -> Experiment:
     """Read, resolve and validate an experiment.
 
@@ -263,6 +269,8 @@ def load_experiment(
         base_dir: folder for relative paths of a dict source (default: current folder).
         unsafe_exec: the command line's ``--unsafe-exec`` (a code task may run without
             bubblewrap); an experiment *file* that sets ``task_args.unsafe_exec`` is refused.
+        allow_import: the command line's ``--allow-import``, passed to a task that takes it
+            (``lm_eval``: task files from a folder); likewise never read from the file.
 
     Raises:
         ConfigError: unreadable file, unknown keys, bad values, search-space keys that do not
@@ -282,9 +290,10 @@ def load_experiment(
         folder = path.resolve().parent
         where = str(path)
         check_unprivileged(data.get("task_args"), where, "dlm sweep")
-    if unsafe_exec and _takes(data.get("task"), "unsafe_exec"):
-        data["task_args"] = {**(data.get("task_args") if isinstance(data.get("task_args"), dict) else {}),
-                             "unsafe_exec": True}
+    for key, granted in (("unsafe_exec", unsafe_exec), ("allow_import", allow_import)):
+        if granted and _takes(data.get("task"), key):
+            data["task_args"] = {**(data.get("task_args") if isinstance(data.get("task_args"), dict) else {}),
+                                 key: True}
     data = _resolve_paths(data, folder)
     with allow_imports(imports_allowed() or data.get("allow_import") is True):
         try:

@@ -26,7 +26,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-__all__ = ["EVAL_MODULUS", "Instance", "Split", "Task", "split_of"]
+from dlm_toolkit.config import ConfigError
+
+__all__ = ["EVAL_MODULUS", "MAX_PROMPT_CHARS", "Instance", "Split", "Task", "check_prompt_length", "split_of"]
+
+MAX_PROMPT_CHARS = 1 << 20
+"""The longest prompt (or lm-eval request text) a task may hand the tokenizer, in characters: ~100
+times the longest benchmark prompt here, far below what makes the Rust tokenizer abort the
+process (a 200 MB question did, with no message)."""
+
+
+def check_prompt_length(text: str, where: str) -> None:
+    """Refuse ``text`` longer than :data:`MAX_PROMPT_CHARS` in one line naming ``where``.
+
+    Raises:
+        ValueError: (a :class:`~dlm_toolkit.config.ConfigError`) the text is too long.
+    """
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ConfigError(f"{where}: a prompt of {len(text)} characters, more than {MAX_PROMPT_CHARS}; "
+                          "it is not tokenized")
 
 Split = Literal["train", "eval"]
 EVAL_MODULUS = 8

@@ -48,7 +48,7 @@ from typing import Any
 from dlm_toolkit.config import ConfigError
 
 from .base import Instance
-from .code import extract_code
+from .code import code_limits, extract_code
 from .data import BenchmarkTask, DataError, DataSource, RowSchema, read_data_text, read_jsonl
 from .sandbox import check_isolation
 from .unittest_box import LibraryEnv, UnittestResult, library_env, probe_modules, run_unittest, top_level_imports
@@ -111,6 +111,12 @@ def read_hard_ids(path: Path) -> set[str]:
     return ids
 
 
+EXTRA_MODULES = frozenset({"numpy", "pandas", "scipy", "matplotlib", "seaborn", "sklearn", "statsmodels", "requests",
+                           "bs4", "dateutil", "pytz", "nltk", "faker", "PIL", "openpyxl"})
+"""The top-level modules ``pip install 'dlm-toolkit[bigcodebench]'`` provides (pyproject.toml's extra;
+a test keeps the two the same): the env_missing line suggests the extra only for these."""
+
+
 class BigCodeBenchTask(BenchmarkTask):
     """BigCodeBench pass@1 (greedy), graded by each task's unit tests in the sandbox.
 
@@ -121,7 +127,7 @@ class BigCodeBenchTask(BenchmarkTask):
         hard_ids: for ``subset: hard``, the file listing its task ids (see the module docstring).
         answer_length: generation budget in tokens (official ``max_new_tokens``: 1280).
         timeout_s: wall-clock limit per task (official: 240 s).
-        memory_mb: address-space limit (official: 30 GiB).
+        memory_mb: address-space limit (official: 30 GiB; the default, lowered to half of this machine's memory).
         python: the interpreter of the environment whose libraries the sandbox sees (default: this one).
         on_env_missing: ``skip`` (leave such tasks out and report them) or ``error`` (refuse).
         unsafe_exec: run without bubblewrap where it is missing (process limits only).
@@ -140,7 +146,7 @@ class BigCodeBenchTask(BenchmarkTask):
 
     def __init__(self, data: str | Path | None = None, split: str = "complete", subset: str = "full",
                  hard_ids: str | Path | None = None, answer_length: int = 1280, timeout_s: float = 240.0,
-                 memory_mb: int = 30 * 1024, python: str | None = None, on_env_missing: str = "skip",
+                 memory_mb: int | None = None, python: str | None = None, on_env_missing: str = "skip",
                  unsafe_exec: bool = False) -> None:
         if split not in SPLITS:
             raise ConfigError(f"split: must be one of {', '.join(SPLITS)} (got {split!r})")
@@ -148,15 +154,12 @@ class BigCodeBenchTask(BenchmarkTask):
             raise ConfigError(f"subset: must be one of {', '.join(SUBSETS)} (got {subset!r})")
         if on_env_missing not in ("skip", "error"):
             raise ConfigError(f"on_env_missing: must be 'skip' or 'error' (got {on_env_missing!r})")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ConfigError(f"timeout_s: must be a number > 0 (got {timeout_s!r})")
-        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
-            raise ConfigError(f"memory_mb: must be an integer > 0 (got {memory_mb!r})")
+        limits = code_limits(self.name, timeout_s=timeout_s, memory_mb=memory_mb, default_memory_mb=30 * 1024)
         if python is not None and not Path(python).is_file():
             raise ConfigError(f"python: no interpreter at {python}")
         self.split, self.subset = split, subset
         self.hard = read_hard_ids(Path(hard_ids).expanduser()) if hard_ids not in (None, "") else None
-        self.timeout_s, self.memory_mb, self.unsafe_exec = float(timeout_s), memory_mb, bool(unsafe_exec)
+        self.timeout_s, self.memory_mb, self.unsafe_exec = limits.timeout_s, limits.memory_mb, bool(unsafe_exec)
         self.isolation = check_isolation(unsafe_exec)
         self.env: LibraryEnv = library_env(python or sys.executable)
         self.env_missing: dict[str, list[str]] = {}
@@ -207,9 +210,14 @@ class BigCodeBenchTask(BenchmarkTask):
         counts = Counter(m for mods in self.env_missing.values() for m in mods)
         modules = ", ".join(f"{m} ({c})" for m, c in counts.most_common())
         why = f"; {self.env.problem}" if self.env.problem else ""
+        extra = [m for m in counts if m in EXTRA_MODULES]
+        others = [m for m in counts if m not in EXTRA_MODULES]
+        fixes = [f"pip install 'dlm-toolkit[bigcodebench]' provides {', '.join(extra)}"] if extra else []
+        fixes += [f"the sandbox interpreter lacks {', '.join(others)} (no extra of dlm-toolkit provides "
+                  f"{'it' if len(others) == 1 else 'them'}): install {'it' if len(others) == 1 else 'them'} into "
+                  "that environment"] if others else []
         return (f"env_missing: {len(self.env_missing)} task(s) left out, their libraries are not importable in "
-                f"the sandbox ({self.env.python}): {modules}{why}; install them there "
-                "(pip install 'dlm-toolkit[bigcodebench]') or pass python=<interpreter>")
+                f"the sandbox ({self.env.python}): {modules}{why}; {'; '.join(fixes)}; or pass python=<interpreter>")
 
     def _instance(self, r: dict[str, Any]) -> Instance:
         if self.split == "complete":

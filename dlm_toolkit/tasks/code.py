@@ -9,21 +9,111 @@ sandboxed processes talking through a pipe (:func:`dlm_toolkit.tasks.sandbox.run
 cross as plain data only and the verdict comes from the test side, so a wrong solution cannot
 decide a comparison (an object whose ``__eq__`` is always true) or forge the result.
 
-Also here: extracting the program from a model's answer (:func:`extract_code`) and writing
-EvalPlus-style output-comparison tests as literals (:func:`output_tests`).
+Also here: the limits every code task takes as options (:class:`CodeLimits`, checked by
+:func:`code_limits` when the task is built), extracting the program from a model's answer
+(:func:`extract_code`) and writing EvalPlus-style output-comparison tests as literals
+(:func:`output_tests`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import sys
 import zlib
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Sequence
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from dlm_toolkit.config import ConfigError
+
+from .safe_pickle import MAX_BLOB_BYTES
 from .sandbox import SandboxResult, run_python, run_tests
 
-__all__ = ["check_solution", "extract_code", "output_tests", "run_outputs"]
+__all__ = ["CodeLimits", "check_solution", "code_limits", "extract_code", "memory_ceiling_mb", "output_tests",
+           "run_outputs"]
+
+MAX_TIMEOUT_S = 3600.0
+"""The longest time limit of one run (BigCodeBench's official 240 s is the longest any benchmark sets)."""
+MIN_MEMORY_MB = 64
+"""The smallest memory limit: below it the interpreter itself does not start."""
+MAX_TEST_MB = MAX_BLOB_BYTES >> 20
+
+
+@lru_cache(maxsize=1)
+def memory_ceiling_mb() -> int:
+    """The most memory one code run may ask for: half of this machine's memory (the physical
+    memory, or the memory limit of the cgroup this process runs in where that is lower), in MiB;
+    a run limited to that cannot take the evaluator's host down with it."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            total = min(total, int(Path(limit).read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max"
+            pass
+    return max(MIN_MEMORY_MB, total // 2 >> 20)
+
+
+_RANGES = {
+    "timeout_s": f"a number > 0 and <= {MAX_TIMEOUT_S:g} (seconds)",
+    "memory_mb": "an integer in [{lo}, {hi}] (MiB; at most half of this machine's memory)",
+    "max_test_mb": f"a number > 0 and <= {MAX_TEST_MB} (MiB)",
+}
+
+
+class CodeLimits(BaseModel):
+    """The limits of a code task's sandboxed runs, as its options give them: exact types (``true``
+    is not 1 second, ``"512"`` is not 512 MiB), finite, within range. ``memory_mb`` is bounded by
+    :func:`memory_ceiling_mb` (passed as the validation context ``ceiling``)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    timeout_s: float = Field(gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    memory_mb: int = Field(ge=MIN_MEMORY_MB)
+    max_test_mb: float | None = Field(None, gt=0, le=MAX_TEST_MB, allow_inf_nan=False)
+
+    @field_validator("memory_mb")
+    @classmethod
+    def _within_machine(cls, v: int, info: ValidationInfo) -> int:
+        ceiling = (info.context or {}).get("ceiling", memory_ceiling_mb())
+        if v > ceiling:
+            raise ValueError("above the ceiling")
+        return v
+
+
+def code_limits(task: str, *, timeout_s: Any, memory_mb: Any, default_memory_mb: int | None = None,
+                max_test_mb: Any = None) -> CodeLimits:
+    """``task``'s limit options checked (:class:`CodeLimits`), before any data is read or decoded.
+
+    ``memory_mb=None`` takes ``default_memory_mb`` (the benchmark's official value), lowered to
+    :func:`memory_ceiling_mb` where this machine has less, with one line on stderr saying so.
+
+    Raises:
+        ConfigError: one line naming the first bad option, its allowed range and the value given.
+    """
+    ceiling = memory_ceiling_mb()
+    lowered = memory_mb is None and default_memory_mb is not None and default_memory_mb > ceiling
+    if memory_mb is None and default_memory_mb is not None:
+        memory_mb = min(default_memory_mb, ceiling)
+    values = {"timeout_s": timeout_s, "memory_mb": memory_mb, "max_test_mb": max_test_mb}
+    try:
+        limits = CodeLimits.model_validate(values, context={"ceiling": ceiling})
+    except ValidationError as err:
+        option = str(err.errors()[0]["loc"][0])
+        allowed = _RANGES[option].format(lo=MIN_MEMORY_MB, hi=ceiling)
+        raise ConfigError(f"task '{task}': {option}: must be {allowed} (got {_short(values[option])})") from None
+    if lowered:
+        print(f"{task}: memory_mb {memory_mb} (the default {default_memory_mb} lowered to half of this machine's "
+              "memory; pass --task-arg memory_mb=N to choose)", file=sys.stderr)
+    return limits
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_solution(solution: str, tests: str, entry_point: str, *, timeout_s: float, memory_mb: int,

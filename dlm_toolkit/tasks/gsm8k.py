@@ -72,6 +72,10 @@ def gsm8k_match(completion: str, reference: str, match: Match = "flexible") -> b
     return _normalise(extract_answer(completion, match)) == _normalise(reference)
 
 
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(\.[0-9]+)?")
+"""A reference's final answer: GSM8K writes integers, some with thousands commas; GSM-Plus also decimals."""
+
+
 def reference_answer(answer: str) -> str:
     """The final number of a GSM8K solution (text after ``#### ``)."""
     return answer.split("####")[-1].strip()
@@ -116,6 +120,10 @@ class GSM8KTask(BenchmarkTask):
             i, r = row.index, row.data
             if "####" not in r["answer"]:
                 raise DataError(f"{row.where}: record {i}: 'answer' has no '#### N' final answer")
+            final = reference_answer(r["answer"])
+            if not _NUMBER.fullmatch(final):  # NaN would match a completion that says NaN
+                raise DataError(f"{row.where}: record {i}: 'answer' ends in '#### {final[:40]}', not a number "
+                                "(digits, commas, an optional sign and decimals)")
             out.append(self._instance(r["question"], r["answer"], {"index": i}))
         return out
 
@@ -169,6 +177,8 @@ class GSMPlusTask(GSM8KTask):
             answer = str(r["answer"]).strip()
             if answer == "None" and not self.critical_thinking:
                 continue
+            if answer.lower().lstrip("+-") in ("nan", "inf", "infinity"):  # a completion saying so would match
+                raise DataError(f"{row.where}: record {i}: 'answer' {answer!r} is not a finite number nor 'None'")
             out.append(self._instance(str(r["question"]), answer,
                                       {"index": i, "perturbation_type": str(r["perturbation_type"])}))
         return out

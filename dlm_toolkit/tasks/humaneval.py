@@ -23,7 +23,10 @@ import random
 from importlib import resources
 from typing import Any
 
+from dlm_toolkit.config import ConfigError
+
 from .base import Instance, Split, Task, _check_args
+from .code import code_limits
 from .sandbox import SandboxResult, check_isolation, run_tests
 
 __all__ = ["HumanEvalTask", "load_humaneval_problems"]
@@ -89,11 +92,11 @@ class HumanEvalTask(Task):
         self, answer_length: int = 512, timeout_s: float = 5.0, memory_mb: int = 1024,
         unsafe_exec: bool = False,
     ) -> None:
-        if answer_length <= 0:
-            raise ValueError(f"answer_length must be > 0, got {answer_length}")
+        if isinstance(answer_length, bool) or not isinstance(answer_length, int) or answer_length <= 0:
+            raise ConfigError(f"answer_length: must be an integer >= 1 (got {answer_length!r})")
+        limits = code_limits(self.name, timeout_s=timeout_s, memory_mb=memory_mb)
         self.answer_length = answer_length
-        self.timeout_s = timeout_s
-        self.memory_mb = memory_mb
+        self.timeout_s, self.memory_mb = limits.timeout_s, limits.memory_mb
         self.unsafe_exec = unsafe_exec
         self.isolation = check_isolation(unsafe_exec)
 

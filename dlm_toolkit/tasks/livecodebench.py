@@ -74,6 +74,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.util.files import MAX_JSON_DEPTH, InputFileError, check_regular, json_depth, parse_json
 
 from .base import Instance
+from .code import code_limits
 from .data import DATA_ENV, DEFAULT_ROOT, BenchmarkTask, DataError, DataSource, _check_fields
 from .safe_pickle import MAX_BLOB_BYTES, UnsafeBlob, decode_blob
 from .sandbox import SandboxResult, check_isolation, run_tests
@@ -295,13 +296,11 @@ class LiveCodeBenchTask(BenchmarkTask):
             raise ConfigError(f"release_version: {release_version!r} is not one of {', '.join(RELEASE_FILES)}")
         if isinstance(answer_length, bool) or not isinstance(answer_length, int) or answer_length <= 0:
             raise ConfigError(f"answer_length: must be an integer >= 1 (got {answer_length!r})")
-        for option, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_test_mb", max_test_mb)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{option}: must be a number > 0 (got {value!r})")
+        limits = code_limits(self.name, timeout_s=timeout_s, memory_mb=memory_mb, max_test_mb=max_test_mb)
         self.release_version, self.answer_length = release_version, answer_length
         self.start, self.end = _date(start_date, "start_date"), _date(end_date, "end_date")
-        self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
-        self.max_test_bytes = int(max_test_mb * (1 << 20))
+        self.timeout_s, self.memory_mb = limits.timeout_s, limits.memory_mb
+        self.max_test_bytes = int(limits.max_test_mb * (1 << 20))
         self.unsafe_exec = bool(unsafe_exec)
         self.isolation = check_isolation(unsafe_exec)
         self.sandbox_python = sandbox_python(self.isolation)

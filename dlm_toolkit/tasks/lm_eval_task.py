@@ -10,10 +10,18 @@ the first of each). Needs the ``eval`` extra; lm-eval is imported only when such
 Options (``task_args``): ``task`` (an lm-eval task name), ``include_path`` (a folder of custom
 task YAMLs; then only that folder is indexed unless ``include_defaults: true``), ``num_fewshot``,
 ``filter``, ``metric``.
+
+Reading task files from a folder is a privilege: a task YAML runs Python (``!function utils.f``
+imports ``utils.py`` beside it, unsandboxed, as the evaluator's user), so ``include_path`` and a
+``task`` that names a YAML file need ``allow_import`` -- which only the command line grants
+(``dlm eval/sweep/replay --allow-import``; an experiment file or a study store never does, see
+:data:`~dlm_toolkit.sweep.experiment.PRIVILEGED_TASK_ARGS`). Without it only lm-eval's own
+installed tasks load.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -22,7 +30,28 @@ from dlm_toolkit.config import ConfigError
 from .base import Instance, Split, Task
 from .data import fixed_subset
 
-__all__ = ["LmEvalTask"]
+__all__ = ["IMPORT_FLAG", "LmEvalTask", "check_imports"]
+
+IMPORT_FLAG = "--allow-import"
+MAX_FEWSHOT = 1000
+
+
+def check_imports(task: object, include_path: object, allowed: bool) -> None:
+    """Refuse, in one line naming :data:`IMPORT_FLAG`, what would make lm-eval read task files (and
+    so import their ``!function`` Python) from outside its own package -- ``include_path``, or a
+    ``task`` naming a YAML file -- unless ``allowed``; and a ``task`` that is not a name."""
+    if not isinstance(task, str) or not task:
+        raise ConfigError(f"task_args.task: must be an lm-eval task name (got {task!r})")
+    if include_path is not None and not isinstance(include_path, str):
+        raise ConfigError(f"task_args.include_path: must be a folder (got {include_path!r})")
+    if allowed:
+        return
+    if include_path is not None:
+        raise ConfigError(f"task_args.include_path: lm-eval would import Python from {include_path} (a task YAML's "
+                          f"!function), unsandboxed; only the command line grants that: pass {IMPORT_FLAG}")
+    if task.endswith((".yaml", ".yml")) or "/" in task or os.sep in task:
+        raise ConfigError(f"task_args.task: {task!r} is a file: lm-eval would import Python named by it, "
+                          f"unsandboxed; only the command line grants that: pass {IMPORT_FLAG}")
 
 
 class LmEvalTask(Task):
@@ -33,13 +62,24 @@ class LmEvalTask(Task):
     metric_name = "lm-eval metric"
 
     def __init__(self, task: str, include_path: str | None = None, include_defaults: bool | None = None,
-                 num_fewshot: int | None = None, filter: str | None = None, metric: str | None = None) -> None:
+                 num_fewshot: int | None = None, filter: str | None = None, metric: str | None = None,
+                 allow_import: bool = False) -> None:
+        check_imports(task, include_path, allow_import is True)
+        for option, value in (("filter", filter), ("metric", metric)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"task_args.{option}: must be a string (got {value!r})")
+        if num_fewshot is not None and (type(num_fewshot) is not int or not 0 <= num_fewshot <= MAX_FEWSHOT):
+            raise ConfigError(f"task_args.num_fewshot: must be an integer in [0, {MAX_FEWSHOT}] (got {num_fewshot!r})")
+        if include_defaults is not None and not isinstance(include_defaults, bool):
+            raise ConfigError(f"task_args.include_defaults: must be true or false (got {include_defaults!r})")
         try:
             from lm_eval.tasks import TaskManager, get_task_dict
         except ImportError as e:
             raise ConfigError(f"task lm_eval needs lm-evaluation-harness: pip install -e \".[eval]\" ({e})") from None
         defaults = include_path is None if include_defaults is None else bool(include_defaults)
         manager = TaskManager(include_path=include_path, include_defaults=defaults)
+        if not allow_import and task not in manager.task_index:  # lm-eval would then try it as a file path
+            raise ConfigError(f"task_args.task: lm-eval has no task {task!r}")
         try:
             found = get_task_dict([task], manager)
         except (KeyError, ValueError) as e:

@@ -30,7 +30,7 @@ from pydantic import Field
 from dlm_toolkit.config import ConfigError
 
 from .base import Instance
-from .code import check_solution, extract_code, output_tests, run_outputs
+from .code import check_solution, code_limits, extract_code, output_tests, run_outputs
 from .data import BenchmarkTask, DataError, DataSource, FiniteNumber, RowSchema, read_json_records, read_jsonl
 from .sandbox import SandboxResult, check_isolation
 
@@ -76,9 +76,8 @@ class CodeTask(BenchmarkTask):
 
     def __init__(self, data: str | Path | None = None, answer_length: int = 512, timeout_s: float = 10.0,
                  memory_mb: int = 1024, unsafe_exec: bool = False) -> None:
-        if not timeout_s > 0 or not memory_mb > 0:
-            raise ConfigError(f"timeout_s and memory_mb must be > 0 (got {timeout_s!r}, {memory_mb!r})")
-        self.timeout_s, self.memory_mb, self.unsafe_exec = float(timeout_s), int(memory_mb), bool(unsafe_exec)
+        limits = code_limits(self.name, timeout_s=timeout_s, memory_mb=memory_mb)
+        self.timeout_s, self.memory_mb, self.unsafe_exec = limits.timeout_s, limits.memory_mb, bool(unsafe_exec)
         self.isolation = check_isolation(unsafe_exec)
         super().__init__(data, answer_length)
 
@@ -158,7 +157,9 @@ class _EvalPlusTask(CodeTask):
 
     def __init__(self, data: str | Path | None = None, answer_length: int = 512, timeout_s: float = 20.0,
                  memory_mb: int = 1024, unsafe_exec: bool = False, plus: bool = True) -> None:
-        self.plus = bool(plus)
+        if not isinstance(plus, bool):
+            raise ConfigError(f"task '{self.name}': plus: must be true or false (got {plus!r})")
+        self.plus = plus
         self._expected: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         super().__init__(data, answer_length, timeout_s, memory_mb, unsafe_exec)

@@ -38,13 +38,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from dlm_toolkit.config import ConfigError
+
 POOL_FIRST = 200_000
 POOL_SIZE = 1_000
 _CLEAN = b"clean\n"  # written into a uid's lock file once nothing runs under it any more
 
 
-class PoolUnavailable(RuntimeError):
-    """No uid could be leased (lock folder unsafe, or every uid in use)."""
+class PoolUnavailable(ConfigError):
+    """No uid could be leased (lock folder unsafe, or every uid in use): one line for the person
+    running the evaluation (``dlm`` prints it and exits 2), as :class:`.probe.SandboxUnavailable`."""
 
 
 def lock_dir() -> Path:
@@ -118,7 +121,8 @@ def uid_lease() -> Iterator[int]:
             finally:
                 os.close(fd)  # releases the lock
         return
-    raise PoolUnavailable(f"all {POOL_SIZE} sandbox uids ({POOL_FIRST}..{POOL_FIRST + POOL_SIZE - 1}) are in use")
+    raise PoolUnavailable(f"all {POOL_SIZE} sandbox uids ({POOL_FIRST}..{POOL_FIRST + POOL_SIZE - 1}) are in use by "
+                          "other sandboxed runs; wait for them or run fewer at once (--workers)")
 
 
 def leased(uid: int) -> bool:

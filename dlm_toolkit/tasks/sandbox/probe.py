@@ -106,7 +106,8 @@ def process_problem(info: SandboxInfo) -> str:
 def no_bwrap_message(info: SandboxInfo) -> str:
     return (f"refusing to run untrusted code: the bubblewrap sandbox is not usable here ({info.bwrap_problem}). "
             "Install it (Debian/Ubuntu: apt-get install bubblewrap) or, on a throw-away machine, pass "
-            "--unsafe-exec (task argument unsafe_exec: true) to run with process-level limits only")
+            "--unsafe-exec on the command line (dlm eval, dlm sweep, dlm replay; never a task argument or a file) "
+            "to run with process-level limits only")
 
 
 def bwrap_argv(info: SandboxInfo, env: dict[str, str], tmp_bytes: int = 64 << 20,
