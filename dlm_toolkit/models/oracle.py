@@ -264,13 +264,14 @@ class OracleLM:
         V = self.vocab_size
         dev = tok.device
         out = torch.zeros(B, A, V, dtype=torch.float64, device=dev)
-        condf = cond.double()
+        condf = cond.float()  # counts below are small integers: exact in float32
         if rows[0].cands is None:  # shuffle: counted
             items = torch.stack([r.items for r in rows]).to(dev)  # (B, n), n == A
             n = items.shape[1]
-            eq = (tok[:, :, None] == items[:, None, :]).double()  # (B, A=j, n=m): answer j shows item m
+            eq = (tok[:, :, None] == items[:, None, :]).float()  # (B, A=j, n=m): answer j shows item m
             count = torch.einsum("bij,bjm->bim", condf, eq)  # (B, A, n): times item m is shown to query i
             shown = count > 0
+            count = count.double()
             w = (~shown).double()
             exclude = torch.tensor([r.inst.exclude_original for r in rows], device=dev)
             if bool(exclude.any()):
@@ -292,7 +293,7 @@ class OracleLM:
         else:
             cands = torch.stack([r.cands for r in rows]).to(dev)  # (B, K, A)
             written = tok != self.mask_token_id
-            miss = (written[:, None, :] & (cands != tok[:, None, :])).double()  # (B, K, A)
+            miss = (written[:, None, :] & (cands != tok[:, None, :])).float()  # (B, K, A)
             dist = torch.einsum("bij,bkj->bik", condf, miss)  # (B, A, K) Hamming distance on the conditions
             w = (dist == dist.min(-1, keepdim=True).values).double()
             out.scatter_add_(2, cands.transpose(1, 2), w)
@@ -307,15 +308,15 @@ class OracleLM:
         written = present & (tok != self.mask_token_id)
         cond = see & written[:, None, :] & ~torch.eye(A, dtype=torch.bool, device=tok.device)
         probs = self._marginals(rows, tok, cond)  # (B, A, V)
-        logp = probs.log().clamp(min=IMPOSSIBLE)
+        logp = probs.log().clamp(min=IMPOSSIBLE).to(self.dtype)  # exact in float64, reported in the dtype
         # every slot: its own token (prompt), EOS (past the answer), or its answer position's marginal
         start = torch.tensor([r.prompt_len for r in rows], device=input_ids.device)[:, None]
         rel = position_ids - start  # (B, T) answer index of each slot
-        base = torch.full((B, T, self.vocab_size), IMPOSSIBLE, dtype=torch.float64, device=input_ids.device)
+        base = torch.full((B, T, self.vocab_size), IMPOSSIBLE, dtype=self.dtype, device=input_ids.device)
         base.scatter_(2, torch.where(rel >= A, self.eos_token_id, input_ids)[:, :, None], 0.0)
         in_answer = (rel >= 0) & (rel < A)
         answer = logp.gather(1, rel.clamp(0, A - 1)[:, :, None].expand(-1, -1, self.vocab_size))
-        return torch.where(in_answer[:, :, None], answer, base).to(self.dtype)
+        return torch.where(in_answer[:, :, None], answer, base)
 
     def consistent_probability(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                                attn_mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
