@@ -270,3 +270,15 @@ def test_tasks_score_every_valid_answer_and_nothing_else():
                 s = "".join(s)
                 assert task.score(inst, s) == float(s in answers), (inst.prompt, s)
             assert task.score(inst, inst.reference[:-1]) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["list_shuffle", "latin_square", "list_insert"])
+def test_instance_stream_is_seeded_split_disjoint_and_prefix_stable(kind):
+    task = get_task(kind)
+    a = task.instances(60, seed=3, split="eval")
+    assert [i.prompt for i in a] == [i.prompt for i in get_task(kind).instances(60, seed=3, split="eval")]
+    assert [i.prompt for i in task.instances(20, seed=3, split="eval")] == [i.prompt for i in a[:20]]
+    assert [i.prompt for i in a] != [i.prompt for i in task.instances(60, seed=4, split="eval")]
+    train = {i.prompt for i in task.instances(400, seed=3, split="train")}
+    assert not train & {i.prompt for i in a}
+    assert all(len(i.reference) == task.answer_length for i in a)
