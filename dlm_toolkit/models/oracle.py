@@ -25,7 +25,7 @@ squares (576 of order 4), filtered by the visible tokens with tensor ops; ``list
 answers) is counted: given visible distinct items ``D`` the marginal is uniform over the items not in
 ``D`` (ParallelBench's variant without the original order subtracts the one permutation it excludes).
 
-:meth:`OracleLM.consistent_probability` is the capability the reference rule
+:meth:`OracleLM.joint_consistency` is the capability the reference rule
 (``strategies/m2t_reference.py``) asks for: the exact probability that independently sampled
 tokens at a set of masked positions are jointly consistent with some valid answer.
 
@@ -225,9 +225,9 @@ class OracleLM:
         if inst is None or inst.kind != self.kind:
             raise ValueError(f"oracle:{self.kind}: batch row {row} does not start with a {self.kind} prompt "
                              f"(kind:items[,extra]=, got {text[:40]!r})")
-        items = torch.tensor([self._id[c] for c in inst.items], dtype=torch.long)
+        items = torch.tensor([self._id[c] for c in inst.items], dtype=torch.long, device="cpu")
         answers = valid_answers(inst)
-        cands = None if answers is None else torch.tensor([[self._id[c] for c in a] for a in answers])
+        cands = None if answers is None else torch.tensor([[self._id[c] for c in a] for a in answers], device="cpu")
         out = _Row(inst, len(text), items, cands)
         if len(self._rows) < 65536:
             self._rows[key] = out
@@ -318,42 +318,47 @@ class OracleLM:
         answer = logp.gather(1, rel.clamp(0, A - 1)[:, :, None].expand(-1, -1, self.vocab_size))
         return torch.where(in_answer[:, :, None], answer, base)
 
-    def consistent_probability(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                               attn_mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        """(B, A) float64: ``out[b, k]`` is the exact probability that tokens drawn independently
-        from the marginals of this forward at the first ``k + 1`` *masked* answer positions of
-        ``order`` (B, A: answer indices, most preferred first) are, together with the written
-        tokens, consistent with some valid answer (entries past the masked count repeat the last).
+    def joint_consistency(self, canvas: torch.Tensor, orders: list[list[int]]) -> list[torch.Tensor]:
+        """The oracle's joint, as the reference rule (``strategies/m2t_reference.py``) asks for it.
 
-        Exact for a consistent canvas (the only kind the reference rule meets at temperature 1 on its
-        own commits); an inconsistent one gives 0 for every k."""
-        rows, slot, present, tok, see = self._layout(input_ids, position_ids, attn_mask)
-        B, A = tok.shape
-        dev = tok.device
+        ``canvas`` (B, L): whole canvases from absolute position 0 (prompt included); ``orders[b]``:
+        masked absolute positions of row b, most preferred first. Returns, per row, a float64 tensor
+        whose entry k is the exact probability that tokens drawn independently from this canvas's
+        marginals at the first k + 1 positions of ``orders[b]`` are, with the written tokens,
+        consistent with some valid answer (positions past the answer hold EOS surely: they never
+        break consistency). Exact for a consistent canvas; on an inconsistent one every entry is 0
+        (nothing drawn repairs it) except for shuffle, where it is the chance the draws are distinct.
+        """
+        B, L = canvas.shape
+        pos = torch.arange(L, device=canvas.device).expand(B, L)
+        see_all = torch.ones(B, L, L, dtype=torch.bool, device=canvas.device)
+        rows, slot, present, tok, see = self._layout(canvas, pos, see_all)
+        A = tok.shape[1]
         written = present & (tok != self.mask_token_id)
-        cond = see & written[:, None, :] & ~torch.eye(A, dtype=torch.bool, device=dev)
+        cond = see & written[:, None, :] & ~torch.eye(A, dtype=torch.bool, device=canvas.device)
         probs = self._marginals(rows, tok, cond)  # (B, A, V)
-        masked_in_order = (~written).gather(1, order)  # (B, A)
-        out = torch.zeros(B, A, dtype=torch.float64, device=dev)
+        out = []
         for b, r in enumerate(rows):
-            cands = _consistent_candidates(r, tok[b], written[b])
-            ks = order[b][masked_in_order[b]].tolist()
-            p = _prefix_consistency(probs[b], cands, ks)
-            out[b, :len(p)] = p
-            if 0 < len(p) < A:
-                out[b, len(p):] = p[-1]
+            rel = [p - r.prompt_len for p in orders[b]]
+            ks = [k for k in rel if 0 <= k < A]
+            pa = _prefix_consistency(probs[b], _consistent_candidates(r, tok[b], written[b]), ks).tolist()
+            seen, acc = 0, []
+            for k in rel:  # the prefixes of the whole order: only answer positions can break consistency
+                seen += 0 <= k < A
+                acc.append(pa[seen - 1] if seen else 1.0)
+            out.append(torch.tensor(acc, dtype=torch.float64, device=canvas.device))
         return out
 
 
 def _consistent_candidates(r: _Row, tok: torch.Tensor, written: torch.Tensor) -> torch.Tensor | None:
     """(K', A) the valid answers agreeing with every written token; None for shuffle (counted). The
     shuffle without its original order is enumerated (``n_items <= 8``)."""
-    cands = r.cands
+    cands = None if r.cands is None else r.cands.to(tok.device)
     if cands is None:
         if not r.inst.exclude_original:
             return None
         if len(r.inst.items) > 8:
-            raise ValueError("oracle: consistent_probability of list_shuffle with exclude_original enumerates "
+            raise ValueError("oracle: joint_consistency of list_shuffle with exclude_original enumerates "
                              "the permutations: n_items must be <= 8")
         cands = torch.tensor(list(itertools.permutations(r.items.tolist())), device=tok.device)
         cands = cands[(cands != r.items.to(tok.device)[None]).any(-1)]
@@ -370,13 +375,13 @@ def _prefix_consistency(probs: torch.Tensor, cands: torch.Tensor | None, ks: lis
         for k in range(len(ks)):
             acc *= max(m - k, 0) / m
             out.append(acc)
-        return torch.tensor(out, dtype=torch.float64)
+        return torch.tensor(out, dtype=torch.float64, device=probs.device)
     for k in range(1, len(ks) + 1):
         proj = torch.unique(cands[:, ks[:k]], dim=0)  # distinct consistent assignments of the first k
         pk = probs[torch.tensor(ks[:k], device=probs.device)]  # (k, V)
         p = pk[torch.arange(k, device=probs.device)[None, :], proj]  # (P, k)
         out.append(float(p.prod(-1).sum()) if proj.numel() else 0.0)
-    return torch.tensor(out, dtype=torch.float64)
+    return torch.tensor(out, dtype=torch.float64, device=probs.device)
 
 
 def is_oracle_spec(spec: object) -> bool:
