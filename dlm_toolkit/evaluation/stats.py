@@ -38,7 +38,9 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval holds p; rounding alone could put an end a hair past it at p = 0 or 1 (then an
+    # error bar of p - low or high - p is negative, which matplotlib refuses)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
