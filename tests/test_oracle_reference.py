@@ -75,10 +75,14 @@ def test_reference_rule_commits_the_longest_prefix_within_eps():
     from dlm_toolkit.step.loop import decode
 
     prompts = [tok.encode(i.prompt) for i in task.instances(40, 0, "eval")]
-    for eps, first in [(0.2, 2), (1 / 6 + 1e-6, 2), (1 / 6 - 1e-4, 1), (0.45, 3), (0.0, 1), (1.0, 6)]:
+    for eps, first in [(0.2, 2), (1 / 6, 2), (1 / 6 - 1e-4, 1), (0.45, 3), (0.0, 1), (1.0, 6)]:
         out = decode(model, prompts, DecodingPolicy(reference(eps, 6)), 7, seed=0, record=True)
         firsts = {len(s.commit) for s in out.trajectory.steps if s.step == 0}
         assert firsts == {first}, (eps, firsts)
+    # the ranking is by confidence, most confident first: with the EOS slot in the block (confidence 1, it
+    # never breaks consistency) eps = 0.2 commits the EOS and two items; ranked the other way round, two
+    out = decode(model, prompts, DecodingPolicy(reference(0.2, 7)), 7, seed=0, record=True)
+    assert {len(s.commit) for s in out.trajectory.steps if s.step == 0} == {3}
 
 
 @pytest.mark.parametrize("eps, p, n", [(0.0, 1.0, 150), (0.2, 5 / 6, 700)])
