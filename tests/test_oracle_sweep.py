@@ -79,3 +79,18 @@ def test_pareto_png_draws_the_reference_curve():
     finally:
         plt.close(drawn)
         plt.close(without)
+
+
+def test_the_oracle_experiment_loads_and_offers_the_catalogue_plus_the_reference():
+    from pathlib import Path
+
+    import yaml
+
+    from dlm_toolkit.sweep.experiment import load_experiment
+
+    folder = Path(__file__).resolve().parents[1] / "experiments"
+    exp = load_experiment(folder / "oracle.yaml")
+    assert exp.model == "oracle:list_shuffle" and exp.task == "list_shuffle"  # not resolved as a path
+    catalogue = yaml.safe_load((folder / "catalogue.yaml").read_text())["search_space"]["m2t.name"]["categorical"]
+    offered = exp.search_space["m2t.name"].categorical
+    assert set(offered) == set(catalogue) | {"reference"}
