@@ -398,4 +398,7 @@ def load_oracle(spec: str, dtype: torch.dtype | None = None, device: torch.devic
     if kind not in KINDS:
         raise ValueError(f"checkpoint {spec!r}: unknown oracle task {kind!r}; oracle tasks: {', '.join(KINDS)}")
     tok = build_char_tokenizer()
-    return OracleLM(kind, tok, dtype=dtype or torch.float32, device=device or "cpu"), tok
+    # no weights to save: a half-precision request (a GPU's default) is served in float32, which keeps the
+    # exact marginals to float32 rounding; float64 is honoured
+    dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return OracleLM(kind, tok, dtype=dtype, device=device or "cpu"), tok
