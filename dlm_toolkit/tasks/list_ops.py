@@ -28,7 +28,8 @@ from __future__ import annotations
 import random
 from typing import ClassVar
 
-from dlm_toolkit.models.oracle import ITEM_CHARS, ListInstance, answer_length, is_valid, parse_prompt, prompt_text
+from dlm_toolkit.models.oracle import (ITEM_CHARS, ListInstance, answer_length, is_valid, latin_squares, parse_prompt,
+                                       prompt_text)
 
 from .base import Instance, Split, Task
 
@@ -146,6 +147,9 @@ class LatinSquareTask(ListTask):
             raise ValueError(f"latin_square: order must be in 2..4, got {order!r}")
         super().__init__(order, alphabet)
         self.order = order
+
+    def _reference(self, inst: ListInstance, rng: random.Random) -> str:
+        return "".join(inst.items[s] for s in rng.choice(latin_squares(self.order)))  # one square, not all 576
 
     def __repr__(self) -> str:
         return f"LatinSquareTask(order={self.order}, alphabet={self.alphabet})"
