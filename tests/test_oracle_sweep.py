@@ -94,3 +94,15 @@ def test_the_oracle_experiment_loads_and_offers_the_catalogue_plus_the_reference
     catalogue = yaml.safe_load((folder / "catalogue.yaml").read_text())["search_space"]["m2t.name"]["categorical"]
     offered = exp.search_space["m2t.name"].categorical
     assert set(offered) == set(catalogue) | {"reference"}
+
+
+def test_pareto_html_draws_the_reference_curve_only_for_an_oracle_study():
+    from dlm_toolkit.sweep.pareto import TrialPoint, summarize_points
+    from dlm_toolkit.viewer.front import front_figure
+
+    points = [TrialPoint(0, {"accuracy": 0.5, "tpf": 1.5, "n": 10}, {}, None, "a", None)]
+    summary = summarize_points("s", {"accuracy": "maximize", "tpf": "maximize"}, points)
+    assert "reference" not in [t.meta for t in front_figure(summary).data]
+    summary.reference = [{**p, "eps": 0.1 * i} for i, p in enumerate(POINTS)]
+    [trace] = [t for t in front_figure(summary).data if t.meta == "reference"]
+    assert list(zip(trace.x, trace.y)) == envelope(POINTS) and all(c[1] == "" for c in trace.customdata)

@@ -68,10 +68,28 @@ def front_figure(summary: Any, runs: Mapping[int, str] | None = None) -> Any:
             hovertext=[_hover(p, iv, runs.get(p.trial)) for p, iv in zip(pts, intervals)],
             hoverinfo="text", meta=name,
         ))
+    if getattr(summary, "reference", None):  # an oracle study (dlm_toolkit.sweep.reference)
+        fig.add_trace(reference_trace(summary.reference))
     fig.update_layout(title=f"{html.escape(summary.study_name)}: accuracy vs TPF (hover a point; click opens its run)",
                       xaxis_title="TPF (tokens up to and including the first EOS per forward)",
                       yaxis_title="accuracy (95 % Wilson interval)", template="plotly_white", hovermode="closest")
     return fig
+
+
+def reference_trace(points: Any) -> Any:
+    """The reference rule's curve of an oracle study (``summary.reference``): its envelope as a dashed
+    line with each eps on hover; ``customdata`` has no run link, so a click opens nothing."""
+    import plotly.graph_objects as go
+
+    from dlm_toolkit.sweep.reference import envelope
+
+    env = envelope(points)
+    eps = {(p["tpf"], p["accuracy"]): p["eps"] for p in points}
+    return go.Scatter(name="reference rule (oracle joint)", x=[t for t, _ in env], y=[a for _, a in env],
+                      mode="lines+markers", line=dict(dash="dash", color="#c62828", width=1.5),
+                      marker=dict(symbol="x", size=7, color="#c62828"), customdata=[[-1, ""] for _ in env],
+                      hovertext=[f"reference rule, eps {eps[xy]:g}<br>accuracy {xy[1]:.4f}, TPF {xy[0]:.3f}" for xy in env],
+                      hoverinfo="text", meta="reference")
 
 
 # Opens the clicked trial's MLflow run (customdata[1]) in a new tab.
