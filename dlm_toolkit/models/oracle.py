@@ -212,7 +212,9 @@ class OracleLM:
             at.setdefault(p, t)
         chars = []
         for p in range(MAX_PROMPT):
-            c = self._char.get(at.get(p, -1), "\0")
+            c = self._char.get(at.get(p, -1))
+            if c is None:  # a mask, a special token or no slot: the prompt cannot go on
+                break
             chars.append(c)
             if c == "=":
                 break
@@ -224,7 +226,7 @@ class OracleLM:
         inst = parse_prompt(text)
         if inst is None or inst.kind != self.kind:
             raise ValueError(f"oracle:{self.kind}: batch row {row} does not start with a {self.kind} prompt "
-                             f"(kind:items[,extra]=, got {text[:40]!r})")
+                             f"(kind:items[,extra]=, distinct items; got {text[:40]!r})")
         items = torch.tensor([self._id[c] for c in inst.items], dtype=torch.long, device="cpu")
         answers = valid_answers(inst)
         cands = None if answers is None else torch.tensor([[self._id[c] for c in a] for a in answers], device="cpu")
