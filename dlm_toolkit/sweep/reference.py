@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from dlm_toolkit.evaluation.stats import envelope
+
 __all__ = ["EPS_GRID", "REFERENCE_ATTR", "accuracy_at_tpf", "draw_reference", "envelope", "reference_curve",
            "reference_gaps", "study_reference", "tpf_at_accuracy"]
 
@@ -42,16 +44,6 @@ def reference_curve(model: Any, tokenizer: Any, task: Any, base_policy: Any, n: 
         m = evaluate(model, tokenizer, task, policy, n, seed, batch_size=batch_size, progress=False).metrics
         out.append({"eps": float(eps), "tpf": m["tpf"], "accuracy": m["accuracy"], "n": float(n)})
     return out
-
-
-def envelope(points: Sequence[Mapping[str, float]]) -> list[tuple[float, float]]:
-    """(TPF, accuracy) of the non-dominated points, TPF ascending (accuracy then descending)."""
-    pts = sorted({(p["tpf"], p["accuracy"]) for p in points}, key=lambda q: (-q[0], -q[1]))
-    out: list[tuple[float, float]] = []
-    for tpf, acc in pts:  # fastest first: keep a point only if it is more accurate than every faster one
-        if not out or acc > out[-1][1]:
-            out.append((tpf, acc))
-    return out[::-1]
 
 
 def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float | None:

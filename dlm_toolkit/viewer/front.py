@@ -81,7 +81,7 @@ def reference_trace(points: Any) -> Any:
     line with each eps on hover; ``customdata`` has no run link, so a click opens nothing."""
     import plotly.graph_objects as go
 
-    from dlm_toolkit.sweep.reference import envelope
+    from dlm_toolkit.evaluation.stats import envelope
 
     env = envelope(points)
     eps = {(p["tpf"], p["accuracy"]): p["eps"] for p in points}
