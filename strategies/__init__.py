@@ -16,6 +16,7 @@ from strategies import (  # noqa: F401  (imported to register)
     m2t_learned,
     m2t_margin,
     m2t_pc_sampler,
+    m2t_reference,
     m2t_s2d2,
     m2t_threshold,
     m2t_topk,

@@ -86,6 +86,43 @@ class TestLearned(UnmaskRuleContract):
     configs = [{}, {"threshold": 0.9}]
 
 
+class TestReference(UnmaskRuleContract):
+    """The oracle's reference rule; its decodes run a scripted model that exposes a joint (each more
+    position drawn keeps consistency with probability 0.9), as the rule's hook needs (tests/test_oracle_reference.py
+    checks it on the real oracles)."""
+
+    rule_factory = M2T.get("reference")
+    configs = [{"eps": 0.2}, {"eps": 0.0}, {"eps": 1.0}]
+
+    def _decode(self, rule, seed, prompts, gen_length, attention="block_causal", policy=None, streams=None,
+                default_device=None):
+        import contextlib
+
+        from dlm_toolkit.step.loop import decode
+        from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
+
+        model = _with_joint(ScriptedLM)(mixing_logits(24, seed=seed, scale=2.5, mix=2.0), 24, 23, 22, attention=attention)
+        policy = policy or self.policy_for(rule)
+        with torch.device(default_device) if default_device else contextlib.nullcontext():
+            return decode(model, prompts, policy, gen_length, seed=streams if streams is not None else seed)
+
+    def test_capture_safe(self, monkeypatch):
+        from dlm_toolkit.testing import contracts_capture
+
+        monkeypatch.setattr(contracts_capture, "_UncountedLM", _with_joint(contracts_capture._UncountedLM))
+        super().test_capture_safe()
+
+
+def _with_joint(base):
+    """``base`` (a scripted model class) with a joint: each more position drawn stays consistent w.p. 0.9."""
+
+    class WithJoint(base):
+        def joint_consistency(self, canvas, orders):
+            return [0.9 ** torch.arange(1, len(o) + 1, device=canvas.device, dtype=torch.float64) for o in orders]
+
+    return WithJoint
+
+
 # -- t2t -------------------------------------------------------------------------------------
 
 

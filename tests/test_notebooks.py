@@ -22,7 +22,8 @@ import readme_shell
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
-NOTEBOOKS = ("01_decode_anatomy.ipynb", "02_write_a_strategy.ipynb", "03_sweep_analysis.ipynb", "04_catalogue.ipynb")
+NOTEBOOKS = ("01_decode_anatomy.ipynb", "02_write_a_strategy.ipynb", "03_sweep_analysis.ipynb", "04_catalogue.ipynb",
+             "05_oracle.ipynb")
 CHECKPOINT = REPO / "checkpoints" / "testbed-editable"
 # what a notebook could leave in the repository root if it used default paths
 ROOT_LITTER = ("mlflow.db", "optuna.db", "mlruns", "mlartifacts", "pareto.png")

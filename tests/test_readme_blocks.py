@@ -73,6 +73,7 @@ def expected_lines(block: str) -> list[str]:
     ("The model", "dlm conformance"),
     ("Comparing policies", "dlm compare --checkpoint checkpoints/testbed-editable"),
     ("Comparing policies", "dlm compare --checkpoint checkpoints/testbed-v2-editable"),
+    ("Oracle models", "dlm eval --checkpoint oracle:list_shuffle"),
 ])
 def test_blocks_print_what_readme_shows(title, start):
     [block] = [b for b in readme_shell.bash_blocks(readme_shell.section(title)) if b.startswith(start)]

@@ -25,6 +25,8 @@ def test_wilson_edges_and_bad_input():
     assert wilson(0, 0) == (0.0, 1.0)
     lo, hi = wilson(10, 10)
     assert math.isclose(hi, 1.0) and round(lo, 4) == 0.7225  # n / (n + z^2) with z = 1.96
+    for n in (3, 300, 2000):  # the ends hold p exactly at p = 0 and 1 (error bars p - lo, hi - p never negative)
+        assert wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0
     with pytest.raises(ValueError):
         wilson(5, 4)
 

@@ -26,7 +26,9 @@ def _pairs(insts: list[Instance]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- registry / args
 def test_registry_and_unknown_name_lists_available() -> None:
     assert set(TASKS) == {"add", "sort", "sudoku", "humaneval", "tiesort", "either", "pick", "gsm8k", "gsm_plus",
-                          "math500", "mbpp", "humaneval_plus", "mbpp_plus", "lm_eval", "livecodebench", "bigcodebench", "parallelbench"}
+                          "math500", "mbpp", "humaneval_plus", "mbpp_plus", "lm_eval", "livecodebench", "bigcodebench", "parallelbench",
+                          "list_copy", "list_reverse", "list_sort", "list_shuffle", "list_replace", "list_insert",
+                          "latin_square"}  # the oracle tasks: tests/test_oracle.py
     for name, cls in TASKS.items():
         assert cls.name == name
     with pytest.raises(ValueError) as err:

@@ -35,7 +35,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_output(args.html, args.overwrite)
         check_every(args.every, "--every")
     policies = {"a": load_policy(args.a, parse_sets(args.set_a)), "b": load_policy(args.b, parse_sets(args.set_b))}
-    if not Path(args.checkpoint).is_dir():
+    from dlm_toolkit.models.oracle import is_oracle_spec
+
+    if not (is_oracle_spec(args.checkpoint) or Path(args.checkpoint).is_dir()):  # oracle:TASK: an exact model
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
     model, tokenizer = load_for_args(args, args.checkpoint)
     results = {k: evaluate(model, tokenizer, task, p, args.n, args.seed, batch_size=args.batch_size,

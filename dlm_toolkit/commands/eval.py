@@ -23,7 +23,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     task = get_task(args.task, **task_options(args))
     check_n(task, args.n)  # before the model loads
     policy = policy_from_args(args)
-    if not Path(args.checkpoint).is_dir():
+    from dlm_toolkit.models.oracle import is_oracle_spec
+
+    if not (is_oracle_spec(args.checkpoint) or Path(args.checkpoint).is_dir()):  # oracle:TASK: an exact model
         raise ConfigError(f"--checkpoint {args.checkpoint}: folder does not exist")
     if args.tracking_uri:
         from dlm_toolkit.sweep.uris import check_sqlite_folder

@@ -94,6 +94,8 @@ def _evaluate(model: DiffusionLM, tokenizer: Any, task: Task | str, policy: Any,
               cuda_graphs: bool | None = None) -> EvalResult:
     task = get_task(task) if isinstance(task, str) else task
     check_n(task, n)
+    if hasattr(model, "check_task"):  # a model of one task (an oracle) refuses the others
+        model.check_task(task)
     policy = policy if isinstance(policy, DecodingPolicy) else DecodingPolicy(policy)
     instances = task.instances(n, seed, "eval")
     chat = use_chat(tokenizer, task.chat, f"task '{task.name}': chat")
@@ -213,6 +215,10 @@ def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: st
     from dlm_toolkit.models.tokenizer import find_tokenizer
 
     dev = resolve_device(device)
+    if str(path).startswith("oracle:"):  # an exact model of a list task (dlm_toolkit.models.oracle)
+        from dlm_toolkit.models.oracle import load_oracle
+
+        return load_oracle(str(path), resolve_dtype(dtype, dev), dev)
     model = load_model(path, dtype=resolve_dtype(dtype, dev), device=dev, mask_token_id=mask_token_id,
                        eos_token_id=eos_token_id, tp=tp)
     tokenizer = find_tokenizer(path)

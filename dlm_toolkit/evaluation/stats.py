@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["PairedComparison", "compare_outcomes", "mcnemar_exact", "paired_bootstrap", "wilson"]
+__all__ = ["PairedComparison", "compare_outcomes", "envelope", "mcnemar_exact", "paired_bootstrap", "wilson"]
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
@@ -38,7 +38,20 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval holds p; rounding alone could put an end a hair past it at p = 0 or 1 (then an
+    # error bar of p - low or high - p is negative, which matplotlib refuses)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
+
+
+def envelope(points: Sequence[Any]) -> list[tuple[float, float]]:
+    """(TPF, accuracy) of the non-dominated points (mappings with ``tpf`` and ``accuracy``), TPF
+    ascending, accuracy then descending: the speed-quality curve a set of runs reaches."""
+    pts = sorted({(p["tpf"], p["accuracy"]) for p in points}, key=lambda q: (-q[0], -q[1]))
+    out: list[tuple[float, float]] = []
+    for tpf, acc in pts:  # fastest first: keep a point only if it is more accurate than every faster one
+        if not out or acc > out[-1][1]:
+            out.append((tpf, acc))
+    return out[::-1]
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:

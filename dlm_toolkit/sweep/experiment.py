@@ -328,7 +328,7 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     def resolve(value: Any) -> Any:
         return str((folder / value).resolve()) if isinstance(value, str) and not Path(value).is_absolute() else value
 
-    if isinstance(data.get("model"), str):
+    if isinstance(data.get("model"), str) and not data["model"].startswith("oracle:"):  # oracle:TASK: no path
         data["model"] = resolve(data["model"])
     if isinstance(data.get("task_args"), dict) and isinstance(data["task_args"].get("data"), str):
         data["task_args"] = {**data["task_args"], "data": resolve(data["task_args"]["data"])}

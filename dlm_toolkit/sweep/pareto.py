@@ -127,6 +127,7 @@ class ParetoSummary:
     hypervolume: float | None
     auc: float | None
     counts: dict[str, int] = field(default_factory=dict)
+    reference: list[dict[str, float]] | None = None  # an oracle study's reference curve (dlm_toolkit.sweep.reference)
 
     def values(self, p: TrialPoint) -> list[float]:
         return [p.metrics[m] for m in self.objectives]
@@ -173,6 +174,7 @@ class ParetoSummary:
             "hypervolume_reference": {"accuracy": HV_REFERENCE[0], "tpf": HV_REFERENCE[1]},
             "auc": self.auc,
             "counts": self.counts,
+            **({"reference": self.reference} if self.reference else {}),
         }
 
 
@@ -241,8 +243,12 @@ def summarize(study: Any) -> ParetoSummary:
             metrics.setdefault(name, value)
         points.append(TrialPoint(t.number, metrics, dict(t.params), trial_text(t, "preset"),
                                  trial_text(t, "policy_hash"), trial_outcomes(t)))
-    return summarize_points(study.study_name, objectives, points, counts,
-                            preset_names=[preset_label(p) for p in settings.get("presets_to_enqueue") or []])
+    from dlm_toolkit.sweep.reference import REFERENCE_ATTR
+
+    summary = summarize_points(study.study_name, objectives, points, counts,
+                               preset_names=[preset_label(p) for p in settings.get("presets_to_enqueue") or []])
+    summary.reference = study.user_attrs.get(REFERENCE_ATTR)
+    return summary
 
 
 def preset_label(preset: str) -> str:
@@ -422,6 +428,10 @@ def figure(summary: ParetoSummary) -> Any:
         ax.scatter(xs, ys, s=28, color="tab:blue", zorder=4)
         _interval_bars(ax, front, "tab:blue")
         labels += [(x, y, stack_label(trials), {"fontsize": 7, "color": "tab:blue"}) for x, y, trials in front_stacks]
+    if summary.reference:
+        from dlm_toolkit.sweep.reference import draw_reference
+
+        draw_reference(ax, summary.reference)
     labels += [(x, y, f"x{len(trials)}", {"fontsize": 6, "color": "0.4"})
                for x, y, trials in everything if len(trials) > 1 and (x, y) not in on_front]
     ax.set_xlabel("TPF (generated tokens up to first EOS / forward)")

@@ -92,8 +92,10 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
 
     check_sqlite_folder(storage, "storage")
     check_sqlite_folder(tracking_uri, "tracking URI")
-    model_dir = Path(exp.model)
-    if not model_dir.is_dir():
+    from dlm_toolkit.models.oracle import is_oracle_spec
+
+    model_dir = exp.model if is_oracle_spec(exp.model) else Path(exp.model)  # oracle:TASK: an exact model
+    if not is_oracle_spec(exp.model) and not Path(model_dir).is_dir():
         raise ConfigError(f"model: checkpoint folder {model_dir} does not exist")
     model, tokenizer = load_checkpoint(model_dir, device=device, dtype=dtype)
     task = get_task(exp.task, **exp.task_args)

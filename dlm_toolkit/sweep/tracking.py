@@ -494,7 +494,7 @@ def log_eval_run(
     """
     tracker = Tracker(tracking_uri, experiment_name)
     tags = {"mlflow.runName": run_name or f"eval-{task}-{policy.config_hash()}", "kind": KIND_EVAL,
-            "task": task, "checkpoint": str(Path(checkpoint).resolve()), "dlm_toolkit_version": _version(),
+            "task": task, "checkpoint": checkpoint if str(checkpoint).startswith("oracle:") else str(Path(checkpoint).resolve()), "dlm_toolkit_version": _version(),
             "policy_hash": policy.config_hash()}
     if seed is not None:
         tags["seed"] = str(seed)

@@ -17,6 +17,7 @@ from dlm_toolkit.strategy.policy_config import load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
 from dlm_toolkit.sweep.pareto import encode_outcomes
+from dlm_toolkit.sweep.reference import reference_gaps, study_reference
 from dlm_toolkit.sweep.storage import (DEFAULT_RECONNECT, MAX_RETRY, lost_connection, optuna_quiet,
                                        wait_for_storage)
 from dlm_toolkit.sweep.tracking import Tracker, TrackingLost, TrialRun
@@ -113,6 +114,8 @@ class TrialRunner:
         self.model, self.tokenizer = model, tokenizer
         self.task = get_task(exp.task, **exp.task_args)
         self.echo = echo or (lambda msg: print(msg, file=sys.stderr))
+        # an oracle model: the reference rule's curve, once per study (each trial records its gap to it)
+        self.reference = study_reference(study, self.model, self.tokenizer, self.task, exp)
 
     def objective(self, trial: Any) -> list[float]:
         import optuna
@@ -171,6 +174,8 @@ class TrialRunner:
                               batch_size=exp.batch_size, progress=False, on_batch=on_batch, cuda_graphs=exp.cuda_graphs,
                               threads=torch.get_num_threads())  # run_sweep chose this process's share
             metrics = {k: float(v) for k, v in result.metrics.items()}
+            if self.reference is not None:
+                metrics.update(reference_gaps(self.reference, metrics))
             trial.set_user_attr("metrics", metrics)
             trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
             run.log_records(result.records)

@@ -6,6 +6,7 @@
 1.0
 
 Registry names: ``add``, ``sort``, ``sudoku``, ``humaneval``,
+the oracle list tasks (:mod:`dlm_toolkit.tasks.list_ops`: ``list_copy`` ... ``latin_square``),
 three tasks with many correct, strongly coupled answers: ``tiesort``, ``either`` and ``pick``, and the
 benchmarks read from local files (:mod:`dlm_toolkit.tasks.data`): ``gsm8k``, ``gsm_plus``, ``math500``,
 ``mbpp``, ``humaneval_plus``, ``mbpp_plus``, ``livecodebench``, ``bigcodebench``, and ``lm_eval`` (any lm-evaluation-harness generate_until
@@ -26,6 +27,7 @@ from .either import EitherTask
 from .gsm8k import GSM8KTask, GSMPlusTask
 from .humaneval import HumanEvalTask
 from .livecodebench import LiveCodeBenchTask
+from .list_ops import LIST_TASKS
 from .lm_eval_task import LmEvalTask
 from .math500 import Math500Task
 from .mbpp import HumanEvalPlusTask, MBPPPlusTask, MBPPTask
@@ -75,6 +77,7 @@ TASKS: dict[str, type[Task]] = {
 """Task name -> task class."""
 TASKS[BigCodeBenchTask.name] = BigCodeBenchTask
 TASKS[ParallelBenchTask.name] = ParallelBenchTask
+TASKS.update((cls.name, cls) for cls in LIST_TASKS)  # the oracle tasks (list_ops)
 
 PROMPT_OPTIONS = ("chat", "system")
 """Options every task takes besides its constructor's (see :mod:`dlm_toolkit.models.chat`)."""

@@ -127,6 +127,23 @@ def place(anchors: Sequence[tuple[float, float, str]], markers: Sequence[tuple[f
     return placed
 
 
+def reference_points(points: Any) -> list[tuple[float, float, float]]:
+    """(TPF, accuracy, eps) of an oracle study's reference curve (``summary.reference``), its envelope
+    in TPF order; points with a non-finite or out-of-range value are dropped (a tampered store)."""
+    from dlm_toolkit.evaluation.stats import envelope
+
+    good = []
+    for p in points or []:
+        try:
+            t, a, e = float(p["tpf"]), float(p["accuracy"]), float(p["eps"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(t) and math.isfinite(e) and 0.0 <= a <= 1.0:
+            good.append({"tpf": t, "accuracy": a, "eps": e})
+    eps = {(p["tpf"], p["accuracy"]): p["eps"] for p in good}
+    return [(t, a, eps[(t, a)]) for t, a in envelope(good)]
+
+
 def _star(x: float, y: float, r: float) -> str:
     pts = [(x + (r if k % 2 == 0 else r * 0.45) * math.sin(k * math.pi / 5),
             y - (r if k % 2 == 0 else r * 0.45) * math.cos(k * math.pi / 5)) for k in range(10)]
@@ -144,8 +161,9 @@ def front_svg(summary: Any, runs: Mapping[int, str] | None = None) -> tuple[str,
         if p.preset:
             groups["presets"].append(p)
     ivs = {p.trial: interval(p) for p in pts}
-    xa = Axis.around([float(p.metrics["tpf"]) for p in pts], LEFT, WIDTH - RIGHT)
-    ya = Axis.around([v for iv in ivs.values() for v in iv], HEIGHT - BOTTOM, TOP)
+    ref = reference_points(getattr(summary, "reference", None))
+    xa = Axis.around([float(p.metrics["tpf"]) for p in pts] + [t for t, _, _ in ref], LEFT, WIDTH - RIGHT)
+    ya = Axis.around([v for iv in ivs.values() for v in iv] + [a for _, a, _ in ref], HEIGHT - BOTTOM, TOP)
     out = [f'<svg id="plot" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="system-ui,sans-serif" font-size="12">',
            f'<rect x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" height="{HEIGHT - TOP - BOTTOM}" fill="#fff" '
@@ -168,6 +186,15 @@ def front_svg(summary: Any, runs: Mapping[int, str] | None = None) -> tuple[str,
         path = f"M{f[0][0]:.1f},{f[0][1]:.1f}" + "".join(f"H{x:.1f}V{y:.1f}" for x, y in f[1:])
         out.append(f'<path d="{path}" fill="none" stroke="#1565c0" stroke-width="1"/>')
     hover: list[dict[str, Any]] = []
+    if ref:  # an oracle study's reference rule (dlm_toolkit.sweep.reference): dashed, no run to open
+        line = " ".join(f"{xa.px(t):.1f},{ya.px(a):.1f}" for t, a, _ in ref)
+        out.append(f'<polyline points="{line}" fill="none" stroke="#c62828" stroke-width="1.5" stroke-dasharray="5,3"/>')
+        for t, a, eps in ref:
+            x, y = xa.px(t), ya.px(a)
+            hover.append({"text": f"reference rule, eps {eps:g}\naccuracy {a:.4f}, TPF {t:.3f}", "link": ""})
+            out.append(f'<path class="pt" data-i="{len(hover) - 1}" data-trace="reference" data-tpf="{t!r}" '
+                       f'data-accuracy="{a!r}" d="M{x - 4:.1f},{y - 4:.1f}L{x + 4:.1f},{y + 4:.1f}M{x - 4:.1f},'
+                       f'{y + 4:.1f}L{x + 4:.1f},{y - 4:.1f}" stroke="#c62828" stroke-width="2"/>')
     style = {"front": 'fill="#1565c0"', "dominated": 'fill="#b0b0b0"',
              "presets": 'fill="none" stroke="#d84315" stroke-width="2"'}
     for name in ("dominated", "front", "presets"):
@@ -232,13 +259,15 @@ def front_page(summary: Any, runs: Mapping[int, str] | None = None) -> str:
     note = (f'<p class="note">left out, metrics not finite or out of range: trials '
             f'{html.escape(", ".join(map(str, left_out[:20])))}{" ..." if len(left_out) > 20 else ""}</p>'
             if left_out else "")
+    ref_legend = ('<span style="color:#c62828">&#10005; reference rule (oracle joint, eps sweep)</span>'
+                  if reference_points(getattr(summary, "reference", None)) else "")
     return valid_utf8(f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'">
 <title>{title}</title><style>{CSS}</style></head><body>
 <h1>{title}</h1>{note}
 <div class="legend"><span style="color:#1565c0">&#9679; on the front</span><span style="color:#888">&#9679; dominated</span>
-<span style="color:#d84315">&#9734; presets</span><span>bars: 95 % Wilson interval of the accuracy</span></div>
+<span style="color:#d84315">&#9734; presets</span>{ref_legend}<span>bars: 95 % Wilson interval of the accuracy</span></div>
 {svg}<div id="tip"></div>
 <script type="application/json" id="front-data">{script_json(hover)}</script>
 <script>{JS}</script>
