@@ -65,7 +65,7 @@ def broken(tmp_path_factory):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--checkpoint", "{ckpt}", "--task", "multiply"], "unknown task 'multiply'; available tasks: add, bigcodebench, either, gsm8k, gsm_plus, humaneval, humaneval_plus, latin_square, list_copy, list_insert, list_replace, list_reverse, list_shuffle, list_sort, livecodebench, lm_eval, math500, mbpp, mbpp_plus, pick, sort, sudoku, tiesort"),
+        (["--checkpoint", "{ckpt}", "--task", "multiply"], "unknown task 'multiply'; available tasks: add, bigcodebench, either, gsm8k, gsm_plus, humaneval, humaneval_plus, latin_square, list_copy, list_insert, list_replace, list_reverse, list_shuffle, list_sort, livecodebench, lm_eval, math500, mbpp, mbpp_plus, parallelbench, pick, sort, sudoku, tiesort"),
         (["--checkpoint", "{ckpt}", "--n", "0"], "--n: must be >= 1"),
         (["--checkpoint", "{no_tokenizer}"], "no tokenizer files"),
         (["--checkpoint", "{short_context}"], "context is 16"),
