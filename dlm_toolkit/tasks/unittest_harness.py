@@ -1,0 +1,482 @@
+"""The trusted harness a BigCodeBench test module runs under, inside the sandbox (never imported:
+:mod:`~dlm_toolkit.tasks.unittest_box` sends this file's source as the script of a sandboxed run,
+followed by ``_main(<payload>)``).
+
+The candidate's program and the benchmark's tests share one interpreter (the tests patch what the
+candidate calls), so the candidate can reach every *public* object the tests use. The verdict
+therefore depends on none of them; everything below runs before any candidate byte:
+
+1. The run's nonce is read from a pipe that is then closed: only this harness's memory holds it,
+   and the evaluator accepts only a report carrying it. Writing a report into every descriptor,
+   or a forged report followed by ``dup2``, never passes; the report descriptor is checked to be
+   the pipe it was (``fstat``) before the one write.
+2. ``unittest`` (with ``unittest.mock``) and the modules the tests import are imported, and the
+   machinery is recorded: the dictionaries of ``builtins``, of every ``unittest`` module and
+   class, of the modules the tests import and the classes they name (with their bases), and the
+   ``sys.modules`` entries. The test runner's functions are taken from that record, not from the
+   live classes.
+3. An audit hook (``sys.addaudithook``; it cannot be removed) flags what only an attack on this
+   harness needs: another audit hook (refused), a trace or profile function, ``gc.get_objects``
+   / ``gc.get_referrers``, ``sys._current_frames``, opening ``/proc/*/mem``, assigning a
+   function's ``__code__``, and compiling code under the tests' file name.
+
+Then the program and the tests are compiled separately (``__candidate__.py``, ``__test__.py``) and
+run in one module namespace, as the official harness runs their concatenation. After loading, after
+every test and after the run, the record is compared by identity (a replaced, added or removed entry:
+"the candidate modified the test machinery: ..."); the test classes, their methods and the names the
+test module binds are recorded once loaded and held to the same rule. The tests run through the
+recorded ``TestSuite.run``/``TestCase.run`` with every inherited ``unittest`` method bound to each
+instance from the record (so ``TestCase.assertEqual = ...`` changes nothing the tests call), and
+the outcome of each test is counted by this harness's own result object. A task passes only if
+every test the module defines (the evaluator counts them in the text; at least one) was collected,
+ran to its end and succeeded -- a skip or an expected failure counts only where the test module
+itself asks for it.
+"""
+
+import builtins as _builtins
+import fcntl as _fcntl
+import json as _json
+import os as _os
+import sys as _sys
+
+_HIGH_FD = 900  # the report pipe's new number: high, close-on-exec (child processes never hold it)
+_CANDIDATE_FILE = "__candidate__.py"
+_TESTS_FILE = "__test__.py"
+
+
+class _Record:
+    """Identity record of dictionaries (builtins, modules, classes) and of single attributes:
+    ``changed()`` names the first difference. Kept by identity, never by ``==`` (a replacement object
+    could claim to equal anything), with the builtins it needs bound when this class is defined,
+    before the candidate runs."""
+
+    def __init__(self, builtin_names, machinery_names, _dict=dict, _len=len, _type=type, _set=set, _zip=zip,
+                 _callable=callable, _isinstance=isinstance, _wrappers=(staticmethod, classmethod, property)):
+        self.entries = []  # (label, owner, type of owner, keys, values, rule)
+        self.builtin_names, self.machinery_names = builtin_names, machinery_names
+        self._dict, self._len, self._type, self._set, self._zip = _dict, _len, _type, _set, _zip
+        self._callable, self._isinstance, self._wrappers = _callable, _isinstance, _wrappers
+
+    def add(self, label, owner, rule, attr=None):
+        """Record ``owner``'s dictionary (``rule``: builtins, module, class, test class) or, with
+        ``attr``, that one attribute of a module or class (rule ``attribute``)."""
+        d = owner if rule == "builtins" else owner.__dict__
+        items = [(attr, d.get(attr))] if rule == "attribute" else list(d.items())
+        self.entries.append((label, owner, self._type(owner), [k for k, _ in items], [v for _, v in items], rule))
+
+    def _guarded(self, key, value):
+        """Which attributes of a test class stay as loaded: its functions, dunders and names of the
+        machinery (plain class attributes the tests set in setUpClass may change)."""
+        return (key.startswith("__") or key in self.machinery_names or self._callable(value)
+                or self._isinstance(value, self._wrappers))
+
+    def changed(self):
+        for label, owner, kind, keys, values, rule in self.entries:
+            if self._type(owner) is not kind:
+                return f"the type of {label} was changed"
+            now = self._dict(owner if rule == "builtins" else owner.__dict__)
+            for key, value in self._zip(keys, values):
+                if rule == "attribute":
+                    if now.get(key) is not value:
+                        return f"{label}.{key} was replaced"
+                    continue
+                if key not in now or now[key] is not value:
+                    if rule == "test class" and not self._guarded(key, value):
+                        continue
+                    if key == "__warningregistry__":  # the warnings module's own cache
+                        continue
+                    return f"{label}.{key} was {'removed' if key not in now else 'replaced'}"
+            if rule == "attribute" or self._len(now) == self._len(keys):
+                continue
+            known = self._set(keys)
+            for key in now:
+                if key in known or key == "__warningregistry__":
+                    continue
+                if rule == "class" or (rule == "module" and (key.startswith("__") or key in self.builtin_names)) \
+                        or (rule == "test class" and (key.startswith("__") or key in self.machinery_names)):
+                    return f"{label}.{key} was added"
+        return ""
+
+
+def _main(payload_text):
+    payload = _json.loads(payload_text)
+    nonce = b""
+    while len(nonce) < 32:
+        part = _os.read(payload["nonce_fd"], 32 - len(nonce))
+        if not part:
+            break
+        nonce += part
+    _os.close(payload["nonce_fd"])
+    nonce = nonce.decode("ascii", "replace")
+    fd = _fcntl.fcntl(payload["report_fd"], _fcntl.F_DUPFD_CLOEXEC, _HIGH_FD)
+    _os.close(payload["report_fd"])
+    channel = _os.fstat(fd)
+    channel = (channel.st_dev, channel.st_ino)
+    _sys.argv[:] = [_TESTS_FILE]
+    import site
+    for folder in payload["binds"]:
+        site.addsitedir(folder)
+    write, dumps, fstat, exit_now = _os.write, _json.dumps, _os.fstat, _os._exit
+
+    def report(**fields):
+        try:
+            st = fstat(fd)
+            same = (st.st_dev, st.st_ino) == channel
+        except OSError:
+            same = False
+        if not same:  # the candidate put something else at the report's number: no verdict at all
+            exit_now(5)
+        write(fd, dumps({"nonce": nonce, **fields}).encode())
+
+    if payload["mode"] == "probe":
+        import importlib.util
+        found = {}
+        for name in payload["modules"]:
+            try:
+                found[name] = importlib.util.find_spec(name) is not None
+            except Exception:
+                found[name] = False
+        report(found=found)
+        return
+    _grade(payload, report)
+
+
+def _grade(payload, report):
+    import importlib
+    import time
+    import types
+    import unittest
+    import unittest.mock  # noqa: F401 -- recorded before the candidate can patch it
+
+    home = _os.getcwd()  # the run's own folder
+    for name in ("mpl", "work"):
+        _os.mkdir(_os.path.join(home, name))
+    settings = {"TZ": "UTC", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "MPLBACKEND": "Agg", "MPLCONFIGDIR": _os.path.join(home, "mpl")}
+    _os.environ.update(settings)
+    time.tzset()
+    _os.chdir(_os.path.join(home, "work"))
+    static = payload["static"]
+
+    # ---- what the tests import, imported first (the tests import it anyway), then recorded
+    sink = open(_os.devnull, "w")
+    _sys.stdout = _sys.stderr = sink
+    for name in static["modules"]:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # the tests' own import fails the same way, with its reason
+            pass
+    _sys.stdout = _sys.stderr = sink
+
+    FunctionType, MethodType, ModuleType = types.FunctionType, types.MethodType, types.ModuleType
+    isinstance_, issubclass_, type_, id_, len_, getattr_ = isinstance, issubclass, type, id, len, getattr
+    sorted_, list_, set_, str_, vars_ = sorted, list, set, str, vars
+    modules_now = _sys.modules  # the interpreter's own registry, whatever ``sys.modules`` is later bound to
+    machinery_names = frozenset(n for cls in (unittest.TestCase, unittest.TestResult, unittest.TestSuite)
+                                for base in cls.__mro__ for n in vars(base))
+    record = _Record(frozenset(vars(_builtins)), machinery_names)
+    record.add("builtins", vars(_builtins), "builtins")
+    sys_entries = {n: m for n, m in modules_now.items() if n == "unittest" or n.startswith("unittest.")}
+    originals = {}  # recorded class -> its dictionary as recorded
+    for name, module in sys_entries.items():
+        record.add(name, module, "module")
+        for value in list_(vars(module).values()):
+            if isinstance_(value, type) and str_(getattr_(value, "__module__", "")).startswith("unittest"):
+                originals.setdefault(value, None)
+    for chain in static["chains"]:  # what the tests name: np.testing.assert_allclose, pd.DataFrame, ...
+        obj, label = modules_now.get(chain[0]), chain[0]
+        if isinstance_(obj, ModuleType):
+            sys_entries.setdefault(chain[0], obj)
+        for attr in chain[1:]:
+            if not isinstance_(obj, (ModuleType, type)):
+                break
+            if isinstance_(obj, type):
+                originals.setdefault(obj, None)
+                obj = getattr_(obj, attr, None)
+            else:
+                obj, owner = obj.__dict__.get(attr), obj
+                if obj is not None:  # absent: a lazily loaded submodule (numpy.random), nothing to hold yet
+                    record.add(label, owner, "attribute", attr)
+            label = f"{label}.{attr}"
+        if isinstance_(obj, type):
+            originals.setdefault(obj, None)
+    for cls in list_(originals):
+        for base in cls.__mro__:
+            if base is not object:
+                originals.setdefault(base, None)
+    for cls in originals:
+        originals[cls] = dict(cls.__dict__)
+        record.add(f"{cls.__module__}.{cls.__qualname__}", cls, "class")
+
+    TestCase, TestSuite, TestLoader = unittest.TestCase, unittest.TestSuite, unittest.TestLoader
+    TestResult, SubTest = unittest.TestResult, unittest.case._SubTest
+    suite_run = originals[TestSuite]["run"]
+    orig_call_test, orig_skip_test = originals[TestCase]["_callTestMethod"], originals[TestCase]["skipTest"]
+    orig_subtest = originals[TestCase]["subTest"]
+    result_init, exc_to_string = originals[TestResult]["__init__"], originals[TestResult]["_exc_info_to_string"]
+
+    # ---- the audit hook: what only an attack on this harness needs
+    flags = []
+    armed = [False]
+    tests_file = _TESTS_FILE
+
+    def audit(event, args):
+        if not armed[0]:
+            return
+        if event == "sys.addaudithook":
+            flags.append("installed an audit hook")
+            raise RuntimeError("the sandbox refuses another audit hook")
+        if event in ("sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "sys._current_frames"):
+            flags.append(f"called {event}")
+        elif event == "open" and args and isinstance_(args[0], str_) and args[0].startswith("/proc/") \
+                and args[0].endswith("/mem"):
+            flags.append(f"opened {args[0]}")
+        elif event == "object.__setattr__" and len_(args) > 1 and args[1] == "__code__":
+            flags.append("assigned a function's __code__")
+        elif event == "compile" and len_(args) > 1 and args[1] == tests_file:
+            flags.append("compiled code under the tests' file name")
+
+    _sys.addaudithook(audit)
+
+    # ---- load: the program, then the tests, in one module namespace
+    def fail(reason, tests=0, failed=None):
+        report(status="fail", tests=tests, failed=failed or {}, ok=[], reason=reason)
+
+    try:
+        compile(payload["program"] + "\n" + payload["tests"], tests_file, "exec")
+        program = compile(payload["program"], _CANDIDATE_FILE, "exec")
+        tests = compile(payload["tests"], tests_file, "exec")
+    except BaseException as exc:
+        return fail(f"the program does not compile: {type(exc).__name__}: {exc}")
+    module = ModuleType("__test__")
+    namespace = module.__dict__
+    namespace.update({"__builtins__": _builtins, "__file__": tests_file, "__package__": None,
+                      "__doc__": None, "sys": _sys, "os": _os, "environ": _os.environ})
+    armed[0] = True
+    try:
+        exec(program, namespace)
+        exec(tests, namespace)
+        modules_now["__test__"] = module
+    except BaseException as exc:
+        try:
+            text = f"{type(exc).__name__}: {str(exc)[:500]}"
+        except BaseException:
+            text = "an exception that cannot be printed"
+        return fail(f"the test module failed to load: {text}")
+
+    def tampered():
+        """Why the verdict cannot be trusted any more ('' while nothing changed)."""
+        if flags:
+            return f"the candidate reached into the harness: it {flags[0]}"
+        for name, mod in sys_entries.items():
+            if modules_now.get(name) is not mod:
+                return f"the candidate modified the test machinery: sys.modules[{name!r}] was replaced"
+        why = record.changed()
+        return f"the candidate modified the test machinery: {why}" if why else ""
+
+    why = tampered()
+    if why:
+        return fail(why)
+    cases = namespace.get("TestCases")
+    if not (isinstance_(cases, type_) and issubclass_(cases, TestCase)):
+        return fail("the test module failed to load: NameError: the test module defines no unittest.TestCase "
+                    "named TestCases")
+    defined_classes = {id_(namespace.get(n)) for n in static["classes"] if isinstance_(namespace.get(n), type_)}
+    for cls in cases.__mro__:
+        if cls is object or cls in originals:
+            continue
+        if id_(cls) not in defined_classes or type_(cls) is not type_:
+            return fail(f"the candidate modified the test machinery: TestCases inherits from {cls.__qualname__}, "
+                        "which the test module does not define")
+        for key, value in list_(vars(cls).items()):
+            inner = value.__func__ if isinstance_(value, (staticmethod, classmethod)) else value
+            for _ in range(50):  # decorators (mock.patch) wrap the test: none may be the candidate's
+                code = getattr_(inner, "__code__", None)
+                if code is not None and code.co_filename == _CANDIDATE_FILE:
+                    return fail(f"the candidate modified the test machinery: {cls.__qualname__}.{key} is "
+                                "the candidate's code")
+                inner = getattr_(inner, "__wrapped__", None)
+                if inner is None:
+                    break
+        record.add(cls.__qualname__, cls, "test class")
+    bound = {n: namespace[n] for n in static["globals"] if n in namespace}
+    loader = TestLoader()
+    _pin(loader, originals, MethodType, FunctionType)
+    names = list_(loader.getTestCaseNames(cases))
+    missing = sorted_(set_(static["tests"]) - set_(names))
+    if missing:
+        return fail(f"{len_(missing)} test(s) the module defines were not collected: {', '.join(missing[:20])}")
+    if not names:
+        return fail("no test ran: TestCases defines no test method")
+
+    # ---- run: our own result, the recorded runner functions, every inherited method bound from the record
+    state = {"outcomes": {}, "started": [], "completed": set_(), "skip_asked": set_(),
+             "subtests_entered": {}, "subtests_closed": {}, "trace": {}, "changed": ""}
+    instances = {}
+
+    def owner(test):
+        name = instances.get(id_(test))
+        if name is None and isinstance_(test, SubTest):
+            name = instances.get(id_(test.test_case))
+        return name
+
+    def note(test, outcome, err=None):
+        name = owner(test) or "<class or module fixture>"
+        state["outcomes"].setdefault(name, []).append(outcome)
+        if err is not None and name not in state["trace"]:
+            state["trace"][name] = ""
+            try:
+                state["trace"][name] = str_(exc_to_string(result, err, test))[-600:]
+            except BaseException:
+                state["trace"][name] = "(the traceback could not be formatted)"
+
+    class Result(TestResult):
+        def startTest(self, test):
+            state["started"].append(owner(test))
+
+        def stopTest(self, test):
+            if not state["changed"]:
+                state["changed"] = tampered()
+
+        def addSuccess(self, test):
+            note(test, "success")
+
+        def addFailure(self, test, err):
+            note(test, "failure", err)
+
+        def addError(self, test, err):
+            note(test, "error", err)
+
+        def addSkip(self, test, reason):
+            note(test, "skip")
+            if isinstance_(test, SubTest):
+                state["subtests_closed"][owner(test)] = state["subtests_closed"].get(owner(test), 0) + 1
+
+        def addExpectedFailure(self, test, err):
+            note(test, "expected failure")
+
+        def addUnexpectedSuccess(self, test):
+            note(test, "unexpected success")
+
+        def addSubTest(self, test, subtest, err):
+            name = owner(test)
+            state["subtests_closed"][name] = state["subtests_closed"].get(name, 0) + 1
+            if err is not None:
+                note(subtest, "subtest failure", err)
+
+    def call_test(self, method):
+        orig_call_test(self, method)
+        state["completed"].add(instances.get(id_(self)))  # ran to its end (nothing swallowed part of it)
+
+    def skip_test(self, reason):
+        state["skip_asked"].add(instances.get(id_(self)))
+        orig_skip_test(self, reason)
+
+    class SubTestCounter:
+        def __init__(self, test, args, kwargs):
+            self.inner = orig_subtest(test, *args, **kwargs)
+            self.name = instances.get(id_(test))
+
+        def __enter__(self):
+            value = self.inner.__enter__()
+            state["subtests_entered"][self.name] = state["subtests_entered"].get(self.name, 0) + 1
+            return value
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    def sub_test(self, *args, **kwargs):
+        return SubTestCounter(self, args, kwargs)
+
+    result = Result()
+    result_init(result)
+    _pin(result, originals, MethodType, FunctionType, own=Result)
+    tests = []
+    for name in names:
+        test = cases(name)
+        instances[id_(test)] = name
+        _pin(test, originals, MethodType, FunctionType)
+        test.__dict__.update(_callTestMethod=MethodType(call_test, test), skipTest=MethodType(skip_test, test),
+                             subTest=MethodType(sub_test, test))
+        tests.append(test)
+    suite = TestSuite(tests)
+    _pin(suite, originals, MethodType, FunctionType)
+    try:
+        suite_run(suite, result)
+    except BaseException as exc:
+        try:
+            text = f"{type(exc).__name__}: {str(exc)[:500]}"
+        except BaseException:
+            text = "an exception that cannot be printed"
+        return fail(f"the test run raised {text}", tests=len_(state["started"]))
+    why = state["changed"] or tampered()
+    for name, value in bound.items():
+        if not why and namespace.get(name) is not value:
+            why = f"the candidate modified the test machinery: the test module's {name!r} was rebound"
+    if why:
+        return fail(why, tests=len_(state["started"]))
+
+    # ---- the verdict, from this harness's own counts
+    failed, problems, ok = {}, [], []
+    for name in names:
+        outcomes = state["outcomes"].get(name, [])
+        trace = state["trace"].get(name, "")
+        bad = [o for o in outcomes if o in ("failure", "error", "subtest failure")]
+        if bad:
+            failed[name[:100]] = trace
+        elif not outcomes:
+            problems.append(f"{name} never ran")
+        elif "skip" in outcomes:
+            if name in state["skip_asked"] or name in static["skip_ok"] or "*" in static["skip_ok"]:
+                ok.append(name)
+            else:
+                problems.append(f"{name} was skipped by a SkipTest the test did not raise itself")
+        elif "expected failure" in outcomes or "unexpected success" in outcomes:
+            if name in static["xfail_ok"]:
+                ok.append(name)
+            else:
+                problems.append(f"{name} was counted as an expected failure the test module does not declare")
+        elif name not in state["completed"]:
+            problems.append(f"{name} did not run to its end (an exception unittest swallows ended it)")
+        elif state["subtests_entered"].get(name, 0) != state["subtests_closed"].get(name, 0):
+            problems.append(f"{name}: a subtest ended without an outcome (an exception unittest swallows)")
+        else:
+            ok.append(name)
+    fixture = state["outcomes"].get("<class or module fixture>")
+    if fixture:
+        failed["<class or module fixture>"] = state["trace"].get("<class or module fixture>", "")
+    # bounded, so the whole report fits the pipe's buffer (the evaluator reads it after the exit)
+    listed = sorted_(failed)
+    failed = {name: (failed[name] if i < 20 else "") for i, name in enumerate(listed[:200])}
+    more = f" and {len_(listed) - 200} more" if len_(listed) > 200 else ""
+    if listed:
+        reason = "failed: " + ", ".join(listed[:200]) + more
+    elif problems:
+        reason = problems[0] + (f" (and {len_(problems) - 1} more)" if len_(problems) > 1 else "")
+    else:
+        reason = ""
+    report(status="fail" if reason else "pass", tests=len_(state["started"]), failed=failed, ok=ok[:1000],
+           reason=reason)
+
+
+def _pin(obj, originals, MethodType, FunctionType, own=None):
+    """Bind to ``obj`` (in its own dictionary, which instance lookup reads before the class's) every
+    method it inherits from a recorded ``unittest`` class, taken from the record: a method the
+    candidate later puts on the live class is never the one called."""
+    seen = set()
+    target = obj.__dict__
+    for cls in type(obj).__mro__:
+        saved = originals.get(cls)
+        if saved is None:
+            seen.update(cls.__dict__)  # the tests' own classes (recorded), or ``own`` (ours)
+            if cls is own:
+                for name, value in cls.__dict__.items():
+                    if isinstance(value, FunctionType):
+                        target[name] = MethodType(value, obj)
+            continue
+        for name, value in saved.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if isinstance(value, FunctionType) and not (name.startswith("__") and name.endswith("__")):
+                target[name] = MethodType(value, obj)
