@@ -117,6 +117,26 @@ TRICKS = {
     "the report channel replaced by /dev/null": (
         WRONG + "_n = os.open('/dev/null', os.O_WRONLY)\nos.dup2(_n, 900)\n",
         "the candidate replaced the report channel (the harness found another file at its number)"),
+    "test methods swapped for the candidate's by a self-restoring __build_class__": (
+        WRONG + "import builtins\n_bc = builtins.__build_class__\n"
+                "def _swap(f, name, *b, **k):\n    cls = _bc(f, name, *b, **k)\n"
+                "    if name == 'TestCases':\n        builtins.__build_class__ = _bc\n"
+                "        for key in [key for key in vars(cls) if key.startswith('test')]:\n"
+                "            setattr(cls, key, lambda self, *a: None)\n"
+                "    return cls\nbuiltins.__build_class__ = _swap\n",
+        MODIFIED + "TestCases.test_filters_and_sorts is the candidate's code"),
+    "code compiled under the tests' file name": (
+        WRONG + "_fake = compile('def test(self):\\n    pass\\n', '__test__.py', 'exec')\n",
+        "the candidate reached into the harness: it compiled code under the tests' file name"),
+    "a function's __code__ rewritten": (
+        WRONG + "def _a():\n    pass\ndef _b():\n    pass\n_a.__code__ = _b.__code__\n",
+        "the candidate reached into the harness: it assigned a function's __code__"),
+    "/proc/self/mem opened": (
+        WRONG + "try:\n    open('/proc/self/mem', 'rb').close()\nexcept OSError:\n    pass\n",
+        "the candidate reached into the harness: it opened /proc/self/mem"),
+    "a name the test module binds rebound while the tests run": (
+        "    globals()['patch'] = None\n    return []\n",
+        MODIFIED + "the test module's 'patch' was rebound"),
     "sys.exit(0) at import": (WRONG + "import sys\nsys.exit(0)\n", "the test module failed to load: SystemExit: 0"),
     "os._exit(0) at import": (WRONG + "os._exit(0)\n", "the process ended (exit status 0) before the tests reported"),
     "os._exit(0) from the first call": ("    os._exit(0)\n", "the process ended (exit status 0) before the tests reported"),
@@ -160,6 +180,53 @@ def test_what_remains_an_object_that_equals_everything_passes(quick):
     liar = ("    os.listdir(directory)\n    class Liar(list):\n        def __eq__(self, other):\n"
             "            return True\n    return Liar()\n")
     assert task.run(inst, liar).passed
+
+
+def test_what_remains_the_harness_reached_through_the_frames_passes(quick):
+    """README's threat model, pinned: the candidate runs in the harness's process, so code written
+    against this harness can walk ``sys._getframe().f_back`` to the harness's own frames, call its
+    report function (which adds the nonce) and echo the runner's token. No ordinary means does it:
+    every object it uses is private to the harness, reached only through frame introspection."""
+    task, inst = quick
+    deep = ("    import sys\n    f, report, cfg = sys._getframe(), None, None\n    while f is not None:\n"
+            "        report = f.f_locals.get('report', report) if f.f_code.co_name == '_grade' else report\n"
+            "        cfg = f.f_globals.get('cfg', cfg) if f.f_code.co_name == 'run_script' else cfg\n"
+            "        f = f.f_back\n"
+            "    report(status='pass', tests=3, failed={}, reason='',\n"
+            "           ok=['test_filters_and_sorts', 'test_no_match', 'test_real_directory'])\n"
+            "    os.write(cfg['result_fd'], os.read(cfg['token_fd'], 64))\n    os._exit(0)\n")
+    assert task.run(inst, deep).passed
+
+
+def test_a_report_leaving_out_a_defined_test_is_refused_by_the_evaluators_count(quick, monkeypatch):
+    """Defence in depth: with the harness's own check of collected tests removed, a candidate that
+    deletes a test before collection gets a passing report -- which the evaluator refuses, having
+    counted the tests in the module's text (near miss: the intact harness refuses it first)."""
+    import dlm_toolkit.tasks.unittest_box as box
+
+    task, inst = quick
+    right = "    return sorted(n for n in os.listdir(directory) if re.fullmatch(pattern, n))\n"
+    hide = right + ("import builtins\n_bc = builtins.__build_class__\n"
+                    "def _drop(f, name, *b, **k):\n    cls = _bc(f, name, *b, **k)\n"
+                    "    if name == 'TestCases':\n        builtins.__build_class__ = _bc\n"
+                    "        del cls.test_real_directory\n    return cls\nbuiltins.__build_class__ = _drop\n")
+    assert task.run(inst, hide).reason.startswith("1 test(s) the module defines were not collected: test_real_dir")
+    source = box.harness_source()
+    check = "    if missing:\n"
+    assert check in source
+    monkeypatch.setattr(box, "harness_source", lambda: source.replace(check, "    if False:\n"))
+    assert task.run(inst, hide).reason == "the report leaves out 1 test(s) the module defines: test_real_directory"
+
+
+def test_a_subtest_cut_short_by_an_exception_unittest_swallows_fails():
+    tests = ("import unittest\n\n\nclass TestCases(unittest.TestCase):\n    def test_cases(self):\n"
+             "        for i in range(2):\n            with self.subTest(i=i):\n"
+             "                self.assertEqual(task_func(i), i + 1)\n")
+    honest = run_unittest("def task_func(i):\n    return i + 1\n", tests, timeout_s=20)
+    cut = run_unittest("import unittest.case\ndef task_func(i):\n    raise unittest.case._ShouldStop()\n", tests,
+                       timeout_s=20)
+    assert honest.passed, honest
+    assert cut.reason == "test_cases: a subtest ended without an outcome (an exception unittest swallows)", cut
 
 
 def test_zero_tests_or_fewer_than_defined_is_a_failure():
