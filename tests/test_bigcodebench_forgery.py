@@ -1,8 +1,10 @@
 """BigCodeBench verdicts forged from inside the candidate (issue 42 item 2): each trick, appended to a
 wrong body of BigCodeBench/0 (or replacing it), scores 0 with the reason the harness gives, next to
-the honest correct solution passing and the honest wrong one failing. The first six passed before the
-harness recorded the machinery (three of them with zero tests run); the rows marked "remains" are the
-in-process attacks README's threat model says still pass, pinned so the claim stays true."""
+the honest correct solution passing and the honest wrong one failing. On the harness before this
+one, 15 of these 32 rows scored 1.0 (the first six are issue 42's; three ran zero tests); the
+official harness (bigcodebench 0.2.5) passes 14 of the 30 it can run (it waits out its time limit on
+the two ``os._exit`` rows). The tests named "what remains"
+pin the in-process attacks README's threat model says still pass, so the claim stays true."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "bigcodebench"
 if sandbox_info().bwrap is None:  # the test-deps script installs bubblewrap; the grading is its point
     pytest.skip(f"bubblewrap is not usable here: {sandbox_info().bwrap_problem}", allow_module_level=True)
 
-WRONG = "    return []\n"  # fails test_filters_and_sorts and test_real_directory, passes test_no_match
+WRONG = "    os.listdir(directory)\n    return []\n"  # fails test_filters_and_sorts and test_real_directory only
 MODIFIED = "the candidate modified the test machinery: "
 FORGED_REPORT = b'{"status": "pass", "tests": 3, "failed": {}, "ok": ["test_filters_and_sorts", "test_no_match", ' \
                 b'"test_real_directory"], "reason": ""}'
@@ -78,9 +80,12 @@ TRICKS = {
     "a builtin the tests call replaced": (
         WRONG + "import builtins\nbuiltins.sorted = lambda *a, **k: ['a.txt', 'b.txt']\n",
         MODIFIED + "builtins.sorted was replaced"),
-    "the test methods replaced while the first test runs": (
+    "the other tests replaced while the first runs, each no-op restoring its test": (
         "    import sys\n    os.listdir(directory)\n    cls = sys.modules['__test__'].TestCases\n"
-        "    cls.test_no_match = cls.test_real_directory = lambda self: None\n    return ['a.txt', 'b.txt']\n",
+        "    for name in ('test_no_match', 'test_real_directory'):\n"
+        "        def noop(self, *a, _name=name, _orig=cls.__dict__[name]):\n"
+        "            setattr(cls, _name, _orig)\n"
+        "        setattr(cls, name, noop)\n    return ['a.txt', 'b.txt']\n",
         MODIFIED + "TestCases.test_no_match was replaced"),
     "assertEqual patched at call time, restoring itself when called": (  # never called: the original is bound
         "    import unittest\n    os.listdir(directory)\n    orig = unittest.TestCase.assertEqual\n"
@@ -216,6 +221,21 @@ def test_a_report_leaving_out_a_defined_test_is_refused_by_the_evaluators_count(
     assert check in source
     monkeypatch.setattr(box, "harness_source", lambda: source.replace(check, "    if False:\n"))
     assert task.run(inst, hide).reason == "the report leaves out 1 test(s) the module defines: test_real_directory"
+
+
+def test_a_method_patched_before_the_test_looks_it_up_is_never_the_one_called():
+    """The candidate patches ``assertEqual`` when called, to restore itself when it is called: a test
+    that calls the candidate and then asserts would call the patch (and pass, the record intact by
+    the end of the test). The harness binds the recorded method to each test, so the original fails
+    the test and the patch, never called, is still there when the record is compared."""
+    tests = ("import unittest\n\n\nclass TestCases(unittest.TestCase):\n    def test_value(self):\n"
+             "        out = task_func()\n        self.assertEqual(out, 1)\n")
+    program = ("import unittest\n_orig = unittest.TestCase.assertEqual\n"
+               "def _once(*a, **k):\n    unittest.TestCase.assertEqual = _orig\n"
+               "def task_func():\n    unittest.TestCase.assertEqual = _once\n    return 2\n")
+    result = run_unittest(program, tests, timeout_s=20)
+    assert not result.passed and result.reason == MODIFIED + "unittest.case.TestCase.assertEqual was replaced"
+    assert run_unittest("def task_func():\n    return 1\n", tests, timeout_s=20).passed  # near miss: honest
 
 
 def test_a_subtest_cut_short_by_an_exception_unittest_swallows_fails():

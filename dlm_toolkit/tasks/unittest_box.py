@@ -7,20 +7,25 @@ Why one process: BigCodeBench's tests call the candidate function in-process and
 inside the bubblewrap sandbox (:class:`~dlm_toolkit.tasks.sandbox.process.SandboxProcess`, mode
 ``script``).
 
-How the verdict travels (:func:`run_unittest`): our harness (trusted text, run before any candidate
-byte) moves the report pipe to a high, close-on-exec descriptor and closes the number it was passed as, silences ``sys.stdout``/``sys.stderr`` (as the official ``swallow_io``), executes
-``program + "\\n" + tests`` as module ``__test__``, runs its ``TestCases`` with a
-``unittest.TestResult`` and writes one JSON report to the pipe. The evaluator passes a task only if
-(1) exactly one well-formed report arrived and says every test ran without failure or error,
-(2) the harness returned normally (the runner echoes the per-run token only after it did) and
-(3) the process exited 0 within the time limit. So printing, ``sys.exit(0)``, ``os._exit(0)``,
-killing itself, a crash, a hang or a second report written into the pipe never pass.
+How the verdict travels (:func:`run_unittest`): the trusted harness (``unittest_harness.py``, the
+script of the run; everything before the candidate's first byte is ours) reads a per-run nonce from
+a pipe and closes it, moves the report pipe to a high close-on-exec descriptor, records the test
+machinery, runs the program and then the tests in module ``__test__``, runs ``TestCases`` with its
+own runner and writes one JSON report carrying the nonce (see that module's docstring). The
+evaluator passes a task only if (1) exactly one well-formed report arrived, carrying the nonce and
+saying every test passed, (2) it names every test the module's text defines
+(:func:`static_test_facts`, counted here, outside the sandbox), (3) the harness returned normally
+(the runner echoes the per-run token only after it did) and (4) the process exited 0 within the
+time limit. So printing, ``sys.exit(0)``, ``os._exit(0)``, killing itself, a crash, a hang, a forged
+report (it lacks the nonce), a replaced report descriptor, patching ``unittest``, ``builtins`` or
+what the tests name, skipping or swallowing tests never pass.
 
-Threat model, honestly: candidate code runs in the tests' process, so a completion *written to
-attack this harness* can still forge a pass from inside (patch ``unittest``, or find the report
-descriptor through ``/proc/self/fd`` and stop the harness's own write). The official harness has the
-same exposure. What the sandbox guarantees holds regardless: nothing outside the process is reachable
-(bubblewrap), and the evaluator reads nothing back but the bounded report and capped output tails.
+Threat model, honestly: candidate code runs in the tests' process. What remains possible there is
+listed in README ("Untrusted code, untrusted files"): values whose comparison lies, test data mutated
+in place, and code written against this harness that reaches its private frames (``sys._getframe``
+and ``f_back``), native memory (``ctypes``) or a thread racing its checks. What the sandbox
+guarantees holds regardless: nothing outside the process is reachable (bubblewrap), and the
+evaluator reads nothing back but the bounded report and capped output tails.
 
 :func:`library_env` finds the environment's library folders; under bubblewrap they are mounted
 read-only at their own paths and added with ``site.addsitedir`` (so ``.pth`` files work), provided
