@@ -262,6 +262,15 @@ def test_zero_tests_or_fewer_than_defined_is_a_failure():
     assert facts["tests"] == ["test_one", "test_two"]  # inherited from the module's own base class
 
 
+def test_async_test_cases_run_through_their_own_recorded_methods():
+    """``IsolatedAsyncioTestCase`` is recorded with the rest of unittest and its own
+    ``_callTestMethod`` (which awaits the coroutine) is the one bound: honest code passes, wrong fails."""
+    tests = ("import unittest\n\n\nclass TestCases(unittest.IsolatedAsyncioTestCase):\n"
+             "    async def test_value(self):\n        self.assertEqual(task_func(), 1)\n")
+    assert run_unittest("def task_func():\n    return 1\n", tests, timeout_s=20).passed
+    assert run_unittest("def task_func():\n    return 2\n", tests, timeout_s=20).reason.startswith("failed: test_value")
+
+
 def test_skips_and_expected_failures_the_module_declares_still_count():
     """As the official harness: a test the module itself skips (decorator or self.skipTest) or
     declares an expected failure does not fail the task; the same skip raised by the candidate does."""
