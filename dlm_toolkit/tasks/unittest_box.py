@@ -219,6 +219,11 @@ def static_test_facts(tests: str) -> dict:
             node = node.value
         if attrs and isinstance(node, ast.Name) and node.id in bound:
             chains.add(tuple(bound[node.id] + attrs[::-1]))
+    for chain in chains:  # submodules of unittest reached by attribute (``unittest.mock.patch``) or lazily
+        if chain[:2] == ("unittest", "mock"):
+            modules.add("unittest.mock")
+        if "IsolatedAsyncioTestCase" in chain:
+            modules.add("unittest.async_case")
     tests_found: list[str] = []
     skip_ok: set[str] = set()
     xfail_ok: set[str] = set()

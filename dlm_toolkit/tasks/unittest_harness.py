@@ -10,10 +10,10 @@ therefore depends on none of them; everything below runs before any candidate by
    and the evaluator accepts only a report carrying it. Writing a report into every descriptor,
    or a forged report followed by ``dup2``, never passes; the report descriptor is checked to be
    the pipe it was (``fstat``) before the one write.
-2. ``unittest`` (with ``unittest.mock``) and the modules the tests import are imported, and the
-   machinery is recorded: the dictionaries of ``builtins``, of every ``unittest`` module and
-   class, of the modules the tests import and the classes they name (with their bases), and the
-   ``sys.modules`` entries. The test runner's functions are taken from that record, not from the
+2. ``unittest`` and the modules the tests import (``unittest.mock`` among them) are imported, and the
+   machinery is recorded: the dictionaries of ``builtins`` and of every ``unittest`` module and
+   class, the attributes the tests name from the modules they import (``np.testing.assert_allclose``),
+   the dictionaries of the classes they name (with their bases), and those ``sys.modules`` entries. The test runner's functions are taken from that record, not from the
    live classes.
 3. An audit hook (``sys.addaudithook``; it cannot be removed) flags what only an attack on this
    harness needs: another audit hook (refused), a trace or profile function, ``gc.get_objects``
@@ -145,9 +145,7 @@ def _grade(payload, report):
     import importlib
     import time
     import types
-    import unittest
-    import unittest.async_case  # noqa: F401 -- recorded before the candidate can patch them (asyncio:
-    import unittest.mock  # noqa: F401 -- unittest.mock imports it anyway)
+    import unittest  # unittest.mock and unittest.async_case come with the tests' modules, where they name them
 
     home = _os.getcwd()  # the run's own folder
     for name in ("mpl", "work"):
