@@ -195,7 +195,8 @@ def test_what_remains_the_harness_reached_through_the_frames_passes(quick):
     task, inst = quick
     deep = ("    import sys\n    f, report, cfg = sys._getframe(), None, None\n    while f is not None:\n"
             "        report = f.f_locals.get('report', report) if f.f_code.co_name == '_grade' else report\n"
-            "        cfg = f.f_globals.get('cfg', cfg) if f.f_code.co_name == 'run_script' else cfg\n"
+            "        found = f.f_globals.get('cfg')\n"
+            "        cfg = found if isinstance(found, dict) and 'token_fd' in found else cfg\n"
             "        f = f.f_back\n"
             "    report(status='pass', tests=3, failed={}, reason='',\n"
             "           ok=['test_filters_and_sorts', 'test_no_match', 'test_real_directory'])\n"
