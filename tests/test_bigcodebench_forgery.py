@@ -142,6 +142,14 @@ TRICKS = {
     "a name the test module binds rebound while the tests run": (
         "    globals()['patch'] = None\n    return []\n",
         MODIFIED + "the test module's 'patch' was rebound"),
+    "json's encoder patched to rewrite the harness's own report": (
+        WRONG + "import json\n_encode = json.JSONEncoder.encode\n"
+                "def _rewrite(self, o):\n"
+                "    if isinstance(o, dict) and 'nonce' in o:\n"
+                "        o = {**o, 'status': 'pass', 'failed': {}, 'reason': '',\n"
+                "             'ok': ['test_filters_and_sorts', 'test_no_match', 'test_real_directory']}\n"
+                "    return _encode(self, o)\njson.JSONEncoder.encode = _rewrite\n",
+        "failed: test_filters_and_sorts, test_real_directory"),
     "sys.exit(0) at import": (WRONG + "import sys\nsys.exit(0)\n", "the test module failed to load: SystemExit: 0"),
     "os._exit(0) at import": (WRONG + "os._exit(0)\n", "the process ended (exit status 0) before the tests reported"),
     "os._exit(0) from the first call": ("    os._exit(0)\n", "the process ended (exit status 0) before the tests reported"),

@@ -150,11 +150,16 @@ def library_env(python: str | None = None) -> LibraryEnv:
     return LibraryEnv(exe, tuple(binds), problem)
 
 
+_MARKER = "# ---- the sandbox runs what follows, after unittest_record.py's source ----"
+
+
 @functools.lru_cache(maxsize=1)
 def harness_source() -> str:
-    """The trusted harness (``unittest_harness.py``), sent as the script of every run; the payload
-    follows it as ``_main(<JSON string literal>)``."""
-    return (Path(__file__).parent / "unittest_harness.py").read_text(encoding="utf-8")
+    """The trusted harness, sent as the script of every run: ``unittest_record.py``, then
+    ``unittest_harness.py`` below its marker; the payload follows as ``_main(<JSON string literal>)``."""
+    here = Path(__file__).parent
+    harness = (here / "unittest_harness.py").read_text(encoding="utf-8")
+    return (here / "unittest_record.py").read_text(encoding="utf-8") + "\n" + harness[harness.index(_MARKER):]
 
 
 def _bound_names(tree: ast.Module) -> dict[str, list[str]]:

@@ -33,69 +33,21 @@ ran to its end and succeeded -- a skip or an expected failure counts only where 
 itself asks for it.
 """
 
-import builtins as _builtins
-import fcntl as _fcntl
-import json as _json
-import os as _os
-import sys as _sys
+from .unittest_record import _describe, _encode, _pin, _Record  # noqa: F401 -- for readers and linters
+
+raise ImportError("dlm_toolkit.tasks.unittest_harness is the script every BigCodeBench run executes, not a "
+                  "module to import (see dlm_toolkit.tasks.unittest_box.harness_source)")
+
+# ---- the sandbox runs what follows, after unittest_record.py's source ----
+import builtins as _builtins  # noqa: E402
+import fcntl as _fcntl  # noqa: E402
+import json as _json  # noqa: E402
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
 
 _HIGH_FD = 900  # the report pipe's new number: high, close-on-exec (child processes never hold it)
 _CANDIDATE_FILE = "__candidate__.py"
 _TESTS_FILE = "__test__.py"
-
-
-class _Record:
-    """Identity record of dictionaries (builtins, modules, classes) and of single attributes:
-    ``changed()`` names the first difference. Kept by identity, never by ``==`` (a replacement object
-    could claim to equal anything), with the builtins it needs bound when this class is defined,
-    before the candidate runs."""
-
-    def __init__(self, builtin_names, machinery_names, _dict=dict, _len=len, _type=type, _set=set, _zip=zip,
-                 _callable=callable, _isinstance=isinstance, _wrappers=(staticmethod, classmethod, property)):
-        self.entries = []  # (label, owner, type of owner, keys, values, rule)
-        self.builtin_names, self.machinery_names = builtin_names, machinery_names
-        self._dict, self._len, self._type, self._set, self._zip = _dict, _len, _type, _set, _zip
-        self._callable, self._isinstance, self._wrappers = _callable, _isinstance, _wrappers
-
-    def add(self, label, owner, rule, attr=None):
-        """Record ``owner``'s dictionary (``rule``: builtins, module, class, test class) or, with
-        ``attr``, that one attribute of a module or class (rule ``attribute``)."""
-        d = owner if rule == "builtins" else owner.__dict__
-        items = [(attr, d.get(attr))] if rule == "attribute" else list(d.items())
-        self.entries.append((label, owner, self._type(owner), [k for k, _ in items], [v for _, v in items], rule))
-
-    def _guarded(self, key, value):
-        """Which attributes of a test class stay as loaded: its functions, dunders and names of the
-        machinery (plain class attributes the tests set in setUpClass may change)."""
-        return (key.startswith("__") or key in self.machinery_names or self._callable(value)
-                or self._isinstance(value, self._wrappers))
-
-    def changed(self):
-        for label, owner, kind, keys, values, rule in self.entries:
-            if self._type(owner) is not kind:
-                return f"the type of {label} was changed"
-            now = self._dict(owner if rule == "builtins" else owner.__dict__)
-            for key, value in self._zip(keys, values):
-                if rule == "attribute":
-                    if now.get(key) is not value:
-                        return f"{label}.{key} was replaced"
-                    continue
-                if key not in now or now[key] is not value:
-                    if rule == "test class" and not self._guarded(key, value):
-                        continue
-                    if key == "__warningregistry__":  # the warnings module's own cache
-                        continue
-                    return f"{label}.{key} was {'removed' if key not in now else 'replaced'}"
-            if rule == "attribute" or self._len(now) == self._len(keys):
-                continue
-            known = self._set(keys)
-            for key in now:
-                if key in known or key == "__warningregistry__":
-                    continue
-                if rule == "class" or (rule == "module" and (key.startswith("__") or key in self.builtin_names)) \
-                        or (rule == "test class" and (key.startswith("__") or key in self.machinery_names)):
-                    return f"{label}.{key} was added"
-        return ""
 
 
 def _main(payload_text):
@@ -116,7 +68,7 @@ def _main(payload_text):
     import site
     for folder in payload["binds"]:
         site.addsitedir(folder)
-    write, dumps, fstat, exit_now = _os.write, _json.dumps, _os.fstat, _os._exit
+    write, encode, fstat, exit_now = _os.write, _encode, _os.fstat, _os._exit
 
     def report(**fields):
         try:
@@ -126,7 +78,7 @@ def _main(payload_text):
             same = False
         if not same:  # the candidate put something else at the report's number: no verdict at all
             exit_now(5)
-        write(fd, dumps({"nonce": nonce, **fields}).encode())
+        write(fd, encode({"nonce": nonce, **fields}).encode("ascii"))
 
     if payload["mode"] == "probe":
         import importlib.util
@@ -265,11 +217,7 @@ def _grade(payload, report):
         exec(tests, namespace)
         modules_now["__test__"] = module
     except BaseException as exc:
-        try:
-            text = f"{type(exc).__name__}: {str(exc)[:500]}"
-        except BaseException:
-            text = "an exception that cannot be printed"
-        return fail(f"the test module failed to load: {text}")
+        return fail(f"the test module failed to load: {_describe(exc)}")
 
     def tampered():
         """Why the verdict cannot be trusted any more ('' while nothing changed)."""
@@ -414,11 +362,7 @@ def _grade(payload, report):
     try:
         suite_run(suite, result)
     except BaseException as exc:
-        try:
-            text = f"{type(exc).__name__}: {str(exc)[:500]}"
-        except BaseException:
-            text = "an exception that cannot be printed"
-        return fail(f"the test run raised {text}", tests=len_(state["started"]))
+        return fail(f"the test run raised {_describe(exc)}", tests=len_(state["started"]))
     why = state["changed"] or tampered()
     for name, value in bound.items():
         if not why and namespace.get(name) is not value:
@@ -467,26 +411,3 @@ def _grade(payload, report):
         reason = ""
     report(status="fail" if reason else "pass", tests=len_(state["started"]), failed=failed, ok=ok[:1000],
            reason=reason)
-
-
-def _pin(obj, originals, MethodType, FunctionType, own=None):
-    """Bind to ``obj`` (in its own dictionary, which instance lookup reads before the class's) every
-    method it inherits from a recorded ``unittest`` class, taken from the record: a method the
-    candidate later puts on the live class is never the one called."""
-    seen = set()
-    target = obj.__dict__
-    for cls in type(obj).__mro__:
-        saved = originals.get(cls)
-        if saved is None:
-            seen.update(cls.__dict__)  # the tests' own classes (recorded), or ``own`` (ours)
-            if cls is own:
-                for name, value in cls.__dict__.items():
-                    if isinstance(value, FunctionType):
-                        target[name] = MethodType(value, obj)
-            continue
-        for name, value in saved.items():
-            if name in seen:
-                continue
-            seen.add(name)
-            if isinstance(value, FunctionType) and not (name.startswith("__") and name.endswith("__")):
-                target[name] = MethodType(value, obj)
