@@ -130,6 +130,13 @@ TRICKS = {
                 "            setattr(cls, key, lambda self, *a: None)\n"
                 "    return cls\nbuiltins.__build_class__ = _swap\n",
         MODIFIED + "TestCases.test_filters_and_sorts is the candidate's code"),
+    "a test swapped for a library function by a self-restoring __build_class__": (
+        WRONG + "import builtins, logging\n_bc = builtins.__build_class__\n"
+                "def _swap(f, name, *b, **k):\n    cls = _bc(f, name, *b, **k)\n"
+                "    if name == 'TestCases':\n        builtins.__build_class__ = _bc\n"
+                "        cls.test_real_directory = logging.disable\n"
+                "    return cls\nbuiltins.__build_class__ = _swap\n",
+        MODIFIED + "TestCases.test_real_directory is not the test module's code"),
     "code compiled under the tests' file name": (
         WRONG + "_fake = compile('def test(self):\\n    pass\\n', '__test__.py', 'exec')\n",
         "the candidate reached into the harness: it compiled code under the tests' file name"),

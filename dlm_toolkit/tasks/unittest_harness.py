@@ -163,15 +163,6 @@ def _grade(payload, report):
     TestResult, SubTest = unittest.TestResult, unittest.case._SubTest
     suite_run = originals[TestSuite]["run"]
 
-    def recorded(cls, name):
-        """``cls.name`` as the record has it (a method of the tests' own classes as loaded)."""
-        for base in cls.__mro__:
-            saved = originals.get(base)
-            if saved is None and name in base.__dict__:
-                return base.__dict__[name]
-            if saved is not None and name in saved:
-                return saved[name]
-        raise AttributeError(name)
     result_init, exc_to_string = originals[TestResult]["__init__"], originals[TestResult]["_exc_info_to_string"]
 
     # ---- the audit hook: what only an attack on this harness needs
@@ -263,6 +254,27 @@ def _grade(payload, report):
         return fail(f"{len_(missing)} test(s) the module defines were not collected: {', '.join(missing[:20])}")
     if not names:
         return fail("no test ran: TestCases defines no test method")
+
+    def recorded(cls, name):
+        """``cls.name`` as the record has it (a method of the tests' own classes as loaded)."""
+        for base in cls.__mro__:
+            saved = originals.get(base)
+            if saved is None and name in base.__dict__:
+                return base.__dict__[name]
+            if saved is not None and name in saved:
+                return saved[name]
+        raise AttributeError(name)
+
+    for name in names:  # each test is the module's own code, under decorators that keep ``__wrapped__``
+        inner = recorded(cases, name)
+        for _ in range(50):
+            inner = inner.__func__ if isinstance_(inner, (staticmethod, classmethod)) else inner
+            if getattr_(inner, "__wrapped__", None) is None:
+                break
+            inner = inner.__wrapped__
+        code = getattr_(inner, "__code__", None)
+        if code is None or code.co_filename != _TESTS_FILE:
+            return fail(f"the candidate modified the test machinery: TestCases.{name} is not the test module's code")
 
     # ---- run: our own result, the recorded runner functions, every inherited method bound from the record
     state = {"outcomes": {}, "started": [], "completed": set_(), "skip_asked": set_(),
