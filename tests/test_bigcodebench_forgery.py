@@ -1,10 +1,10 @@
 """BigCodeBench verdicts forged from inside the candidate (issue 42 item 2): each trick, appended to a
 wrong body of BigCodeBench/0 (or replacing it), scores 0 with the reason the harness gives, next to
 the honest correct solution passing and the honest wrong one failing. On the harness before this
-one, 15 of these 32 rows scored 1.0 (the first six are issue 42's; three ran zero tests); the
-official harness (bigcodebench 0.2.5) passes 14 of the 30 it can run (it waits out its time limit on
-the two ``os._exit`` rows). The tests named "what remains"
-pin the in-process attacks README's threat model says still pass, so the claim stays true."""
+one, 15 of these 34 rows scored 1.0 (the first six are issue 42's; three ran zero tests); the
+official harness (bigcodebench 0.2.5) passes 14 of the 32 it can run (it waits out its time limit
+on the two ``os._exit`` rows). The tests named "what remains" pin the in-process attacks README's
+threat model says still pass, so the claim stays true."""
 
 from __future__ import annotations
 
