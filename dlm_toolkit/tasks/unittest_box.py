@@ -362,7 +362,7 @@ def run_unittest(program: str, tests: str, *, env: LibraryEnv | None = None, tim
         return replace(facts, reason="the report does not follow the harness's format")
     failed = {str(k): str(v) for k, v in failed.items()}
     unseen = sorted(set(static["tests"]) - {str(name) for name in ok})
-    passed = report["status"] == "pass" and not failed and bool(ok) and not unseen
+    passed = report["status"] == "pass" and not failed and tests_run > 0 and not unseen
     reason = "" if passed else report["reason"] or (
         f"the report leaves out {len(unseen)} test(s) the module defines: {', '.join(unseen[:20])}" if unseen
         else "no test ran")

@@ -421,5 +421,10 @@ def _grade(payload, report):
         reason = problems[0] + (f" (and {len_(problems) - 1} more)" if len_(problems) > 1 else "")
     else:
         reason = ""
-    report(status="fail" if reason else "pass", tests=len_(state["started"]), failed=failed, ok=ok[:1000],
+    # the evaluator checks the tests it counted in the text: only those are listed, within the pipe's buffer
+    listed_tests = set_(static["tests"])
+    ok = [name for name in ok if name in listed_tests]
+    if sum(len_(name) + 4 for name in ok) > 48_000:
+        ok, reason = [], reason or "the test module's tests are too many to list in the report"
+    report(status="fail" if reason else "pass", tests=len_(state["started"]), failed=failed, ok=ok,
            reason=reason)
