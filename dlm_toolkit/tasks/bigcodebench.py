@@ -22,10 +22,14 @@ Program graded (:meth:`BigCodeBenchTask.program`): the answer's code when it def
 (a chat answer); a fenced body after ``code_prompt``; otherwise the completion continues the raw
 ``complete`` prompt: ``complete_prompt + completion`` (the official ``solution = prompt + completion``).
 
-Grading (:func:`~dlm_toolkit.tasks.unittest_box.run_unittest`): ``program + "\\n" + test`` runs as one
-module in the bubblewrap sandbox, its ``TestCases`` with a ``unittest.TestResult``; a task passes when
-the module loads and no test fails or errors, within the per-task wall-clock limit (official default
-240 s). The sandbox sees the libraries of the Python environment given by ``python`` (default: the
+Grading (:func:`~dlm_toolkit.tasks.unittest_box.run_unittest`): the program and then ``test`` run in
+one module in the bubblewrap sandbox, its ``TestCases`` under our harness; a task passes when the
+module loads and every test it defines runs to its end without failure or error, within the per-task
+wall-clock limit (official default 240 s). Where it departs from the official harness (which counts
+failures and errors only), a completion fails that the official one passes: zero tests run, a test
+skipped by a ``SkipTest`` the test did not raise, an expected failure the module does not declare, a
+test ended by ``unittest``'s internal ``_ShouldStop``, or any change to the test machinery
+(``unittest``, ``builtins``, what the tests name): see ``unittest_harness.py``. The sandbox sees the libraries of the Python environment given by ``python`` (default: the
 one the toolkit runs in; ``pip install 'dlm-toolkit[bigcodebench]'`` adds a pinned set).
 
 Missing libraries: before anything is decoded, the modules each task imports (its prompt, canonical

@@ -7,20 +7,25 @@ Why one process: BigCodeBench's tests call the candidate function in-process and
 inside the bubblewrap sandbox (:class:`~dlm_toolkit.tasks.sandbox.process.SandboxProcess`, mode
 ``script``).
 
-How the verdict travels (:func:`run_unittest`): our harness (trusted text, run before any candidate
-byte) moves the report pipe to a high, close-on-exec descriptor and closes the number it was passed as, silences ``sys.stdout``/``sys.stderr`` (as the official ``swallow_io``), executes
-``program + "\\n" + tests`` as module ``__test__``, runs its ``TestCases`` with a
-``unittest.TestResult`` and writes one JSON report to the pipe. The evaluator passes a task only if
-(1) exactly one well-formed report arrived and says every test ran without failure or error,
-(2) the harness returned normally (the runner echoes the per-run token only after it did) and
-(3) the process exited 0 within the time limit. So printing, ``sys.exit(0)``, ``os._exit(0)``,
-killing itself, a crash, a hang or a second report written into the pipe never pass.
+How the verdict travels (:func:`run_unittest`): the trusted harness (``unittest_harness.py``, the
+script of the run; everything before the candidate's first byte is ours) reads a per-run nonce from
+a pipe and closes it, moves the report pipe to a high close-on-exec descriptor, records the test
+machinery, runs the program and then the tests in module ``__test__``, runs ``TestCases`` with its
+own runner and writes one JSON report carrying the nonce (see that module's docstring). The
+evaluator passes a task only if (1) exactly one well-formed report arrived, carrying the nonce and
+saying every test passed, (2) it names every test the module's text defines
+(:func:`static_test_facts`, counted here, outside the sandbox), (3) the harness returned normally
+(the runner echoes the per-run token only after it did) and (4) the process exited 0 within the
+time limit. So printing, ``sys.exit(0)``, ``os._exit(0)``, killing itself, a crash, a hang, a forged
+report (it lacks the nonce), a replaced report descriptor, patching ``unittest``, ``builtins`` or
+what the tests name, skipping or swallowing tests never pass.
 
-Threat model, honestly: candidate code runs in the tests' process, so a completion *written to
-attack this harness* can still forge a pass from inside (patch ``unittest``, or find the report
-descriptor through ``/proc/self/fd`` and stop the harness's own write). The official harness has the
-same exposure. What the sandbox guarantees holds regardless: nothing outside the process is reachable
-(bubblewrap), and the evaluator reads nothing back but the bounded report and capped output tails.
+Threat model, honestly: candidate code runs in the tests' process. What remains possible there is
+listed in README ("Untrusted code, untrusted files"): values whose comparison lies, test data mutated
+in place, and code written against this harness that reaches its private frames (``sys._getframe``
+and ``f_back``), native memory (``ctypes``) or a thread racing its checks. What the sandbox
+guarantees holds regardless: nothing outside the process is reachable (bubblewrap), and the
+evaluator reads nothing back but the bounded report and capped output tails.
 
 :func:`library_env` finds the environment's library folders; under bubblewrap they are mounted
 read-only at their own paths and added with ``site.addsitedir`` (so ``.pth`` files work), provided
@@ -30,6 +35,7 @@ the sandbox's interpreter has the same ``major.minor`` as the environment's (com
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -37,6 +43,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from .sandbox import sandbox_info
 from .sandbox.probe import others_can_reach, prefix_of
@@ -46,7 +53,6 @@ from .sandbox.runner import _isolation
 __all__ = ["LibraryEnv", "UnittestResult", "library_env", "probe_modules", "run_unittest", "top_level_imports"]
 
 REPORT_LIMIT = 1 << 16
-HIGH_FD = 900  # where the harness moves the report pipe before any candidate code runs
 
 
 @dataclass(frozen=True)
@@ -144,81 +150,114 @@ def library_env(python: str | None = None) -> LibraryEnv:
     return LibraryEnv(exe, tuple(binds), problem)
 
 
-# The trusted harness. It arrives as the script of a ``script``-mode sandbox run; everything before
-# the ``exec`` of the candidate's module is ours. ``_PAYLOAD`` is replaced by a JSON string literal.
-_HARNESS = r'''
-import fcntl as _fcntl, json as _json, os as _os, sys as _sys
+_MARKER = "# ---- the sandbox runs what follows, after unittest_record.py's source ----"
 
-def _main():
-    payload = _json.loads(_PAYLOAD)
-    fd = _fcntl.fcntl(payload["report_fd"], _fcntl.F_DUPFD_CLOEXEC, %(high)d)
-    _os.close(payload["report_fd"])
-    _sys.argv[:] = ["__test__.py"]
-    import site
-    for folder in payload["binds"]:
-        site.addsitedir(folder)
-    write, dumps = _os.write, _json.dumps
 
-    def report(**fields):
-        write(fd, dumps(fields).encode())
+@functools.lru_cache(maxsize=1)
+def harness_source() -> str:
+    """The trusted harness, sent as the script of every run: ``unittest_record.py``, then
+    ``unittest_harness.py`` below its marker; the payload follows as ``_main(<JSON string literal>)``."""
+    here = Path(__file__).parent
+    harness = (here / "unittest_harness.py").read_text(encoding="utf-8")
+    return (here / "unittest_record.py").read_text(encoding="utf-8") + "\n" + harness[harness.index(_MARKER):]
 
-    if payload["mode"] == "probe":
-        import importlib.util
-        found = {}
-        for name in payload["modules"]:
-            try:
-                found[name] = importlib.util.find_spec(name) is not None
-            except Exception:
-                found[name] = False
-        report(found=found)
-        return
-    import builtins, time, types, unittest
-    home = _os.getcwd()  # the run's own folder
-    for name in ("mpl", "work"):
-        _os.mkdir(_os.path.join(home, name))
-    settings = {"TZ": "UTC", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "MPLBACKEND": "Agg", "MPLCONFIGDIR": _os.path.join(home, "mpl")}
-    _os.environ.update(settings)
-    time.tzset()
-    _os.chdir(_os.path.join(home, "work"))
-    sink = open(_os.devnull, "w")
-    _sys.stdout = _sys.stderr = sink
+
+def _bound_names(tree: ast.Module) -> dict[str, list[str]]:
+    """Names the module's top-level imports bind -> the module path they stand for
+    (``import numpy as np``: ``np -> [numpy]``; ``from pandas import testing``: ``testing -> [pandas, testing]``)."""
+    bound: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.split(".")[0]] = [alias.name if alias.asname else
+                                                                   alias.name.split(".")[0]]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                if alias.name != "*":
+                    bound[alias.asname or alias.name] = [node.module, alias.name]
+    return bound
+
+
+def _decorated(node: ast.AST, word: str) -> bool:
+    return any(word in ast.unparse(d) for d in getattr(node, "decorator_list", []))
+
+
+def _raises_skip(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Raise) and n.exc is not None and "SkipTest" in ast.unparse(n.exc)
+               for n in ast.walk(node))
+
+
+def static_test_facts(tests: str) -> dict:
+    """What the evaluator reads from the test module's text, independently of anything that runs:
+    ``tests`` (the test methods ``TestCases`` defines or inherits from the module's own classes),
+    ``classes`` and ``globals`` (what its top level binds), ``modules`` and ``chains`` (what it
+    imports and the attribute paths it names from them: the machinery the harness records),
+    ``skip_ok``/``xfail_ok`` (tests the module itself marks as skipped or expected to fail;
+    ``*``: all). A text that does not parse gives empty facts (the harness reports its syntax error)."""
+    facts: dict = {"tests": [], "classes": [], "globals": [], "modules": [], "chains": [], "skip_ok": [],
+                   "xfail_ok": []}
     try:
-        code = compile(payload["program"] + "\n" + payload["tests"], "__test__.py", "exec")
-    except BaseException as exc:
-        report(status="fail", tests=0, failed={}, reason=f"the program does not compile: {type(exc).__name__}: {exc}")
-        return
-    module = types.ModuleType("__test__")
-    module.__dict__.update({"__builtins__": builtins, "__file__": "__test__.py", "__package__": None,
-                            "__doc__": None, "sys": _sys, "os": _os, "environ": _os.environ})
-    try:
-        exec(code, module.__dict__)
-        _sys.modules["__test__"] = module
-        cases = module.__dict__.get("TestCases")
-        if not (isinstance(cases, type) and issubclass(cases, unittest.TestCase)):
-            raise NameError("the test module defines no unittest.TestCase named TestCases")
-    except BaseException as exc:
-        report(status="fail", tests=0, failed={},
-               reason=f"the test module failed to load: {type(exc).__name__}: {str(exc)[:500]}")
-        return
-    result = unittest.TestResult()
-    try:
-        unittest.TestLoader().loadTestsFromTestCase(cases).run(result)
-    except BaseException as exc:
-        report(status="fail", tests=result.testsRun, failed={},
-               reason=f"the test run raised {type(exc).__name__}: {str(exc)[:500]}")
-        return
-    # bounded, so the whole report fits the pipe's buffer (the evaluator reads it after the exit)
-    names = sorted(test.id().split(".")[-1][:100] for test, _ in result.failures + result.errors)
-    traces = {test.id().split(".")[-1][:100]: trace for test, trace in result.failures + result.errors}
-    failed = {name: (traces[name][-600:] if i < 20 else "") for i, name in enumerate(names[:200])}
-    more = f" and {len(names) - 200} more" if len(names) > 200 else ""
-    report(status="fail" if names else "pass", tests=result.testsRun, failed=failed,
-           reason=("failed: " + ", ".join(names[:200]) + more) if names else "")
-
-_main()
-del _main
-''' % {"high": HIGH_FD}
+        tree = ast.parse(tests)
+    except (SyntaxError, ValueError):
+        return facts
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")
+    bound = _bound_names(tree)
+    chains = {tuple(path) for path in bound.values()}
+    for node in ast.walk(tree):
+        attrs: list[str] = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if attrs and isinstance(node, ast.Name) and node.id in bound:
+            chains.add(tuple(bound[node.id] + attrs[::-1]))
+    for chain in chains:  # submodules of unittest reached by attribute (``unittest.mock.patch``) or lazily
+        if chain[:2] == ("unittest", "mock"):
+            modules.add("unittest.mock")
+        if "IsolatedAsyncioTestCase" in chain:
+            modules.add("unittest.async_case")
+    tests_found: list[str] = []
+    skip_ok: set[str] = set()
+    xfail_ok: set[str] = set()
+    todo, seen = ["TestCases"], set()
+    while todo:
+        cls = classes.get(todo.pop())
+        if cls is None or cls.name in seen:
+            continue
+        seen.add(cls.name)
+        if _decorated(cls, "skip"):
+            skip_ok.add("*")
+        for item in cls.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if item.name.startswith("test"):
+                    tests_found.append(item.name)
+                    if _decorated(item, "skip") or _raises_skip(item):
+                        skip_ok.add(item.name)
+                    if _decorated(item, "expectedFailure"):
+                        xfail_ok.add(item.name)
+                elif item.name in ("setUp", "setUpClass") and _raises_skip(item):
+                    skip_ok.add("*")
+        todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
+    if "setUpModule" in names and any(_raises_skip(n) for n in tree.body
+                                      if isinstance(n, ast.FunctionDef) and n.name == "setUpModule"):
+        skip_ok.add("*")
+    facts.update(tests=sorted(set(tests_found)), classes=sorted(classes), globals=sorted(names | set(bound)),
+                 modules=sorted(modules), chains=sorted(list(c) for c in chains), skip_ok=sorted(skip_ok),
+                 xfail_ok=sorted(xfail_ok))
+    return facts
 
 
 TMPFS_MB = 512  # size of the run's /tmp and of its working folder, each (tmpfs in the sandbox)
@@ -232,21 +271,26 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
     info = sandbox_info(env.python)
     boxed = _isolation(unsafe_exec, isolation, info)  # the sandbox's own rule: process mode needs unsafe_exec
     token = os.urandom(16).hex().encode()
+    nonce = os.urandom(16).hex()  # only the harness reads it, before any candidate byte (not in the code file)
     token_r, token_w = os.pipe()
+    nonce_r, nonce_w = os.pipe()
     result_r, result_w = os.pipe()
     report_r, report_w = os.pipe()
-    payload = {**payload, "report_fd": report_w}  # the child keeps the number (pass_fds)
-    code = _HARNESS.replace("_json.loads(_PAYLOAD)", f"_json.loads({json.dumps(json.dumps(payload))})")
+    payload = {**payload, "report_fd": report_w, "nonce_fd": nonce_r}  # the child keeps the numbers (pass_fds)
+    code = harness_source() + f"\n_main({json.dumps(json.dumps(payload))})\n"
     os.write(token_w, token)
+    os.write(nonce_w, nonce.encode())
     os.close(token_w)
-    ours = [token_r, result_w, report_w]
+    os.close(nonce_w)
+    ours = [token_r, nonce_r, result_w, report_w]
     try:
         start = time.monotonic()
         # No reliability guard: the benchmark's tasks delete files, set environment variables and start
         # processes, as the official harness allows. The boundary is bubblewrap, or in process mode
         # (unsafe_exec: a throw-away machine) the process limits and the leased uid.
         with SandboxProcess(mode="script", files={"code": code},
-                            fds={"token_fd": token_r, "result_fd": result_w, "report_fd": report_w},
+                            fds={"token_fd": token_r, "result_fd": result_w, "report_fd": report_w,
+                                 "nonce_fd": nonce_r},
                             boxed=boxed, info=info, exe=env.python, timeout_s=timeout_s, memory_mb=memory_mb,
                             max_processes=max_processes, output_limit_bytes=output_limit_bytes, guard=False,
                             ro_binds=env.binds if boxed else (),
@@ -274,8 +318,11 @@ def _run(payload: dict, *, env: LibraryEnv, timeout_s: float, memory_mb: int, un
         report = None
     if not isinstance(report, dict):
         why = ("more than one report, or a garbled one, reached the report channel" if raw else
-               f"the process ended (exit status {returncode}) before the tests reported")
+               "the candidate replaced the report channel (the harness found another file at its number)"
+               if returncode == 5 else f"the process ended (exit status {returncode}) before the tests reported")
         return None, replace(facts, reason=why)
+    if report.get("nonce") != nonce:
+        return None, replace(facts, reason="a report without the run's nonce reached the report channel (forged)")
     if not echoed or returncode != 0:
         return None, replace(facts, reason=f"the process ended (exit status {returncode}) before the harness returned")
     return report, facts
@@ -303,19 +350,22 @@ def run_unittest(program: str, tests: str, *, env: LibraryEnv | None = None, tim
         ValueError: a bad limit.
     """
     env = env or library_env()
-    payload = {"mode": "unittest", "program": program, "tests": tests, "binds": list(env.binds)}
+    static = static_test_facts(tests)
+    payload = {"mode": "unittest", "program": program, "tests": tests, "binds": list(env.binds), "static": static}
     report, facts = _run(payload, env=env, timeout_s=timeout_s, memory_mb=memory_mb, unsafe_exec=unsafe_exec,
                          max_processes=max_processes, output_limit_bytes=output_limit_bytes, isolation=isolation)
     if report is None:
         return facts
-    failed = report.get("failed")
-    tests_run = report.get("tests")
-    if (report.get("status") not in ("pass", "fail") or not isinstance(failed, dict)
+    failed, tests_run, ok = report.get("failed"), report.get("tests"), report.get("ok")
+    if (report.get("status") not in ("pass", "fail") or not isinstance(failed, dict) or not isinstance(ok, list)
             or not isinstance(tests_run, int) or not isinstance(report.get("reason"), str)):
         return replace(facts, reason="the report does not follow the harness's format")
     failed = {str(k): str(v) for k, v in failed.items()}
-    passed = report["status"] == "pass" and not failed
-    reason = "" if passed else report["reason"] or "failed"
+    unseen = sorted(set(static["tests"]) - {str(name) for name in ok})
+    passed = report["status"] == "pass" and not failed and tests_run > 0 and not unseen
+    reason = "" if passed else report["reason"] or (
+        f"the report leaves out {len(unseen)} test(s) the module defines: {', '.join(unseen[:20])}" if unseen
+        else "no test ran")
     if failed:
         first = next(iter(sorted(failed)))
         reason += f" ({first}: {failed[first].strip().splitlines()[-1][:300] if failed[first].strip() else ''})"
