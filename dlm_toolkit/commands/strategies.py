@@ -26,6 +26,11 @@ def cmd_strategies(args: argparse.Namespace) -> int:
                 print(f"      {f['name']}: {f['type']} = {f['default']!r}{rng}")
     for name, err in info["failed_plugins"].items():
         print(f"plug-in {name} FAILED to load: {err}")
+    from dlm_toolkit.strategy.registry import REGISTRIES
+
+    for registry in REGISTRIES.values():
+        for message in registry.clashes().values():
+            print(f"name clash: {message}")
     return 0
 
 
