@@ -125,6 +125,18 @@ def _version() -> str:
     return dlm_toolkit.__version__
 
 
+def parent_description(study_name: str, settings: Mapping[str, Any]) -> str:
+    """The parent run's description (MLflow's ``mlflow.note.content`` tag, Markdown)."""
+    return (f"Optuna study `{study_name}` searched by `dlm sweep`: task `{settings.get('task')}` "
+            f"(n={settings.get('n')}, seed {settings.get('seed')}) on checkpoint `{settings.get('model')}`. "
+            "Each trial is a nested run (its policy in `policy.json`). Metrics here: `n_complete` = COMPLETE "
+            "trials, the number `dlm sweep` prints as 'complete'; `n_distinct_points` = the points of the "
+            "front plots (a trial that proposed a policy already evaluated reuses its result, tag "
+            "`duplicate_of`, and adds no point); `n_pruned`, `n_failed`; `front_size`, `hypervolume`, `auc` "
+            "of the front in `pareto.png`/`pareto.html`. Run the same `dlm sweep` command again to resume "
+            "or to add trials (`--n-trials`).")
+
+
 class Tracker:
     """An MLflow store plus one experiment in it (created on first use)."""
 
@@ -215,6 +227,7 @@ class Tracker:
         tags = {"kind": KIND_STUDY, "study_name": study_name, "storage": hide_password(storage),
                 "dlm_toolkit_version": _version(), "task": str(settings.get("task")),
                 "checkpoint": str(settings.get("model")), "seed": str(settings.get("seed"))}
+        tags["mlflow.note.content"] = parent_description(study_name, settings)  # the run page's Description
         run = self._call(self.client.create_run, self.experiment_id, run_name=f"study-{study_name}", tags=tags)
         run_id = run.info.run_id
         from mlflow.entities import Param
@@ -283,7 +296,11 @@ class Tracker:
 
         step = max((p.trial for p in summary.points), default=0)
         now = int(time.time() * 1000)
-        values: dict[str, float] = {"front_size": len(summary.front), "n_complete": len(summary.points)}
+        # n_complete counts COMPLETE trials as the sweep prints them; a trial that repeated a stored
+        # policy reused its result (duplicate_of) and is no new point: n_distinct_points
+        values: dict[str, float] = {"front_size": len(summary.front),
+                                    "n_complete": summary.counts.get("complete", len(summary.points)),
+                                    "n_distinct_points": len(summary.points)}
         for key in ("pruned", "failed"):
             values[f"n_{key}"] = summary.counts.get(key, 0)
         if summary.hypervolume is not None:
