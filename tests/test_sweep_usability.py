@@ -34,7 +34,7 @@ def swept(tmp_path_factory):
     """5 trials over a two-value space: the 2 presets, then 3 draws of 2 policies (a repeat is certain)."""
     tmp = tmp_path_factory.mktemp("usability")
     ckpt = shutil.copytree(h.checkpoint(), tmp / "ckpt")
-    exp_file = h.write_yaml(tmp / "exp.yaml", h.experiment(model=ckpt, search_space={
+    exp_file = h.write_yaml(tmp / "exp.yaml", h.experiment(model=ckpt, n=4, search_space={
         "t2t.name": {"categorical": ["none", "threshold"]}}))
     exp = load_experiment(exp_file)
     storage, uri = f"sqlite:///{tmp}/optuna.db", h.tracking_uri(tmp)
