@@ -4,7 +4,7 @@ Layout:
 
 * one **parent run** per study (``kind=study``), found again on resume by its tags
   ``study_name`` and ``storage`` (the Optuna storage URL, password hidden), never duplicated;
-  it holds the experiment settings and, after a sweep or ``dlm pareto``, ``pareto.png``,
+  it holds the experiment settings and, after a sweep or ``dlm pareto --log``, ``pareto.png``,
   ``pareto.csv``, ``pareto.json`` and the summary metrics (hypervolume, auc, front_size, ...);
 * one **nested run** per trial (``kind=trial``, tag ``mlflow.parentRunId``) with the policy's
   flat keys as params, the metrics, tags (``policy_hash``, ``study_name``, ``trial_number``,
