@@ -120,3 +120,15 @@ def test_list_names_the_step_hooks_and_the_rules_that_ask_for_them(capsys) -> No
     assert main(["strategies", "list", "--json"]) == 0
     listed = {(h["role"], h["rule"]) for h in json.loads(capsys.readouterr().out)["hooks"]}
     assert {("m2t", "s2d2"), ("t2t", "indel"), ("blocks", "dsb"), ("remask", "wino_shadow")} <= listed
+
+
+def test_a_parent_run_made_without_a_description_gets_one_on_resume(swept) -> None:
+    """Runs in this file's order, last: it adds a trial to the module's study."""
+    from mlflow import MlflowClient
+
+    client, parent = MlflowClient(swept["uri"]), swept["first"].parent_run_id
+    client.delete_tag(parent, "mlflow.note.content")  # as a parent made by an older toolkit
+    again = run_sweep(swept["exp"], 6, storage=swept["storage"], tracking_uri=swept["uri"], progress=False,
+                      heartbeat_interval=2, threads=1)
+    assert again.parent_run_id == parent and again.counts.counted == 6
+    assert "`n_complete` = COMPLETE trials" in client.get_run(parent).data.tags["mlflow.note.content"]

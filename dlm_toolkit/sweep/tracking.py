@@ -85,6 +85,9 @@ class Tracker(MlflowStore):
         run_id = self.find_parent(study_name, storage)
         if run_id is not None:
             self._call(self.client.update_run, run_id, status="RUNNING")
+            tags = self._call(self.client.get_run, run_id).data.tags
+            if "mlflow.note.content" not in tags:  # a parent made before runs had a description
+                self._call(self.client.set_tag, run_id, "mlflow.note.content", parent_description(study_name, settings))
             return run_id
         tags = {"kind": KIND_STUDY, "study_name": study_name, "storage": hide_password(storage),
                 "dlm_toolkit_version": _version(), "task": str(settings.get("task")),
