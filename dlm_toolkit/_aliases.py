@@ -5,6 +5,11 @@ very module object ``dlm_toolkit.hooks.verify`` (not a copy), so ``isinstance`` 
 attributes and monkeypatching behave as before. One table, one meta-path finder; no module is
 imported until its old name is asked for. New code uses the new paths (README "Layout").
 
+Each old path is deprecated: its first import (or attribute access) in a process warns with a
+``DeprecationWarning`` that names the new path and the version that removes the alias
+(:data:`REMOVAL_VERSION`), as diffusers' ``deprecate()`` does. The aliases go in that version;
+:func:`deprecate` refuses to run once ``dlm_toolkit.__version__`` reaches it, so they cannot outlive it.
+
 regroup: skip -- this file keeps the old names on purpose (the regroup script leaves it alone).
 """
 
@@ -14,9 +19,12 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import warnings
 from types import ModuleType
 
-__all__ = ["OLD_PATHS", "install", "register_loaded"]
+__all__ = ["OLD_PATHS", "REMOVAL_VERSION", "deprecate", "install", "register_loaded"]
+
+REMOVAL_VERSION = "0.3.0"  # the release that deletes this module and every old path
 
 # old name under dlm_toolkit -> new name under dlm_toolkit (names without the prefix, so that the
 # table itself never looks like a module reference to a rewriting tool)
@@ -61,6 +69,43 @@ OLD_PATHS: dict[str, str] = {
 _PREFIX = "dlm_toolkit."
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside this module, ``importlib.import_module`` and
+    the package's ``__getattr__``: the warning then names the user's ``import`` line. (``warnings``
+    itself skips the frozen import machinery's frames, so they are not counted.)"""
+    here = {__file__, __file__.replace("_aliases.py", "__init__.py"), importlib.__file__}
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "importlib" in name and "_bootstrap" in name:
+            frame = frame.f_back
+            continue
+        if name not in here:
+            break
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def deprecate(old: str) -> None:
+    """Warn that the old path ``dlm_toolkit.<old>`` goes in :data:`REMOVAL_VERSION`, naming its new path.
+
+    Raises:
+        RuntimeError: the package's version has reached :data:`REMOVAL_VERSION` (the aliases are
+            overdue: delete this module, as diffusers' ``deprecate()`` insists).
+    """
+    __version__ = sys.modules[_PREFIX[:-1]].__version__  # loaded: every alias is reached through it
+    if _version_tuple(__version__) >= _version_tuple(REMOVAL_VERSION):
+        raise RuntimeError(f"dlm_toolkit {__version__} still has the old path {_PREFIX}{old}, "
+                           f"deprecated until {REMOVAL_VERSION}: delete dlm_toolkit/_aliases.py")
+    warnings.warn(f"{_PREFIX}{old} is deprecated and will be removed in dlm-toolkit {REMOVAL_VERSION}; "
+                  f"import {_PREFIX}{OLD_PATHS[old]} instead", DeprecationWarning,
+                  stacklevel=_caller_stacklevel())
+
+
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers an old module name with the module object of its new home."""
 
@@ -71,6 +116,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        deprecate(spec.name[len(_PREFIX):])
         module = importlib.import_module(_PREFIX + OLD_PATHS[spec.name[len(_PREFIX):]])
         # the import system stamps the alias spec on the module it gets back; keep the real one
         self._specs[spec.name] = module.__spec__
@@ -87,27 +133,37 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _AliasFinder()
 
 
+class _Package(ModuleType):
+    """The class of the ``dlm_toolkit`` module object: its attribute ``decode`` is the function.
+
+    The import system sets a parent's attribute to each submodule it loads; after
+    ``import dlm_toolkit.decode`` (the old module path, through the finder) that would replace the
+    function by the module. The old path still gives the module from ``sys.modules``."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "decode" and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
 def install() -> None:
     """Put the alias finder on ``sys.meta_path`` (once)."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)
+    package = sys.modules.get(_PREFIX[:-1])
+    if package is not None and type(package) is ModuleType:
+        package.__class__ = _Package
 
 
 def register_loaded() -> None:
-    """Enter the old name of every already imported module in ``sys.modules``.
-
-    Needed for ``decode``: the package's attribute ``dlm_toolkit.decode`` is the function, and an
-    import through the finder would overwrite it with the module (the import system sets the parent's
-    attribute after loading a submodule, but not for a name already in ``sys.modules``).
-    """
-    for old, new in OLD_PATHS.items():
-        module = sys.modules.get(_PREFIX + new)
-        if module is not None:
-            sys.modules.setdefault(_PREFIX + old, module)
+    """Kept for callers of the old package ``__init__``: nothing to do. Old names are no longer
+    entered in ``sys.modules`` ahead of use, so that each one's first import goes through the finder
+    and warns."""
 
 
 def attribute(name: str) -> ModuleType:
-    """``dlm_toolkit.<old name>`` as an attribute (the package's ``__getattr__``)."""
+    """``dlm_toolkit.<old name>`` as an attribute (the package's ``__getattr__``); warns through the
+    finder like an import."""
     if name not in OLD_PATHS:
         raise AttributeError(f"module 'dlm_toolkit' has no attribute {name!r}")
     return importlib.import_module(_PREFIX + name)

@@ -208,3 +208,18 @@ def parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def utf8_argument(text: str, option: str) -> str:
+    """``text`` as given on the command line, refused if its bytes were not UTF-8.
+
+    Python decodes ``argv`` with ``surrogateescape``: each byte that is not part of valid UTF-8
+    arrives as a lone surrogate, which a tokenizer, SQLAlchemy or SQLite cannot encode. The error
+    names ``option``, the first such byte and its offset in the argument."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raw = text.encode("utf-8", "surrogateescape")
+        offset = len(text[:err.start].encode("utf-8", "surrogateescape"))
+        raise ConfigError(f"{option}: not valid UTF-8 (byte 0x{raw[offset]:02x} at byte offset {offset})") from None
+    return text

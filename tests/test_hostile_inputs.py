@@ -230,7 +230,7 @@ def test_a_tampered_study_store_is_refused(row, command, store_template, tmp_pat
     shutil.copy(store_template, db)
     how(db)
     before = snapshot(tmp_path)
-    args = {"replay": ["replay", "--trial", "0"], "pareto": ["pareto", "--no-log", "--json"]}[command]
+    args = {"replay": ["replay", "--trial", "0"], "pareto": ["pareto", "--json"]}[command]
     line = run_cli([*args, "--storage", f"sqlite:///{db}", "--study-name", "s"], capsys, tmp_path)
     assert needle in line, line
     assert snapshot(tmp_path) == before  # the store is read, never repaired or rewritten
@@ -240,7 +240,7 @@ def test_the_untampered_store_reads(store_template, tmp_path, capsys):
     """The rows above fail because of what they change: the template itself is accepted."""
     db = tmp_path / "optuna.db"
     shutil.copy(store_template, db)
-    assert main(["pareto", "--no-log", "--json", "--storage", f"sqlite:///{db}", "--study-name", "s"]) == 0
+    assert main(["pareto", "--json", "--storage", f"sqlite:///{db}", "--study-name", "s"]) == 0
     assert json.loads(capsys.readouterr().out)["front"]
 
 

@@ -21,9 +21,10 @@ NO_PLUGINS = "DLM_TOOLKIT_NO_PLUGINS"
 
 
 def run(args: list[str], *paths: Path, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 240):
-    """Run ``python ARGS`` with ``PYTHONPATH=paths`` (one intra-op thread: tiny tensors, shared CPUs)."""
+    """Run ``python ARGS`` with ``PYTHONPATH=paths`` and this checkout last (the toolkit under test, not
+    whatever copy is installed; one intra-op thread: tiny tensors, shared CPUs)."""
     full = {k: v for k, v in os.environ.items() if k != NO_PLUGINS}
-    full.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(map(str, paths)), **(env or {}))
+    full.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(map(str, [*paths, REPO])), **(env or {}))
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full, cwd=cwd, timeout=timeout)
 
 
@@ -144,7 +145,7 @@ def test_broken_plugin_is_reported_and_listing_still_works(site, tmp_path):
     assert "plug-ins that failed to load: broken" in res["unknown"]  # and unknown names point at it
 
 
-def test_two_plugins_registering_one_name_raise_plugin_error(tmp_path):
+def test_two_plugins_registering_one_name_fail_where_the_name_is_used(tmp_path):
     rule = """
         from dlm_toolkit import M2T, UnmaskRule
         from dlm_toolkit.strategy.selection import top1
@@ -156,7 +157,8 @@ def test_two_plugins_registering_one_name_raise_plugin_error(tmp_path):
     """
     a = fake_distribution(tmp_path / "a", "dup-a", {"dupa": "dup_a_mod"}, {"dup_a_mod": rule.format(cls="DupA")})
     b = fake_distribution(tmp_path / "b", "dup-b", {"dupb": "dup_b_mod"}, {"dup_b_mod": rule.format(cls="DupB")})
-    probe = "from dlm_toolkit.strategy.registry import PluginError, load_plugins\ntry:\n    load_plugins()\nexcept PluginError as e:\n    print('PluginError:', e)"
+    probe = ("from dlm_toolkit.strategy.registry import M2T, PluginError, load_plugins\nload_plugins()\n"
+             "try:\n    M2T.get('dup_rule')\nexcept PluginError as e:\n    print('PluginError:', e)")
     done = run(["-c", probe], a, b, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "PluginError: m2t rule 'dup_rule' registered twice" in done.stdout

@@ -288,7 +288,7 @@ def test_a_refused_pareto_leaves_an_empty_or_foreign_file_as_it_was(tmp_path, ca
     from dlm_toolkit.cli import main
 
     for name, says in cases.items():
-        assert main(["pareto", "--storage", f"sqlite:///{tmp_path / name}", "--study-name", "t", "--no-log"]) == 2
+        assert main(["pareto", "--storage", f"sqlite:///{tmp_path / name}", "--study-name", "t"]) == 2
         assert capsys.readouterr().err == f"error: storage 'sqlite:///{tmp_path / name}': {tmp_path / name} {says}\n"
     assert _snapshot(tmp_path) == before
 
@@ -315,7 +315,7 @@ def test_swapped_storage_and_tracking_urls_are_refused_before_either_store_is_wr
                               "MLflow tracking store (--storage and --tracking-uri swapped?)")
     from dlm_toolkit.cli import main
 
-    assert main(["pareto", "--storage", optuna_uri, "--study-name", "t", "--tracking-uri", optuna_uri]) == 2
+    assert main(["pareto", "--storage", optuna_uri, "--study-name", "t", "--tracking-uri", optuna_uri, "--log"]) == 2
     assert capsys.readouterr().err.strip().endswith("is an Optuna storage, not an MLflow tracking store "
                                                      "(--storage and --tracking-uri swapped?)")
     assert _snapshot(tmp_path) == before  # byte for byte, and no new.db left

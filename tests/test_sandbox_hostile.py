@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import select
 import shutil
 import signal
 import stat
@@ -363,33 +364,62 @@ def test_process_mode_on_the_host_disk_removes_what_the_code_leaves(row: str, se
 
 
 EVALUATOR = """
-import os, sys, tempfile
+import os, sys, tempfile, threading
 tempfile.tempdir = sys.argv[1]
+ready = int(sys.argv[3])
+marker = os.environ["MARKER"].encode()
+
+def announce():  # tell the test (through its pipe) the moment the candidate runs as /bin/sleep
+    while True:
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if name.isdigit() and marker in f.read():
+                        os.write(ready, name.encode() + b"\\n")
+                        return
+            except OSError:
+                pass
+        threading.Event().wait(0.01)
+
 from dlm_toolkit.tasks.sandbox import run_tests
 kw = {"isolation": "process", "unsafe_exec": True} if sys.argv[2] == "process" else {}
+threading.Thread(target=announce, daemon=True).start()
 run_tests(f"import posix\\nposix.execv('/bin/sleep', [{os.environ['MARKER']!r}, '60'])\\n",
           "assert add(1, 2) == 3\\n", "add", timeout_s=60.0, **kw)
 """
 
 
+def _wait_readable(fd: int, what: str) -> None:
+    """Block until ``fd`` is readable (the event); ``HANG_S`` only bounds a hang, it paces nothing."""
+    readable, _, _ = select.select([fd], [], [], HANG_S)
+    assert readable, f"no {what} in {HANG_S} s: a hang"
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_an_evaluator_killed_mid_run_leaves_no_process_and_no_folder(mode: str, private_tmp: Path) -> None:
-    """SIGKILL: no handler of ours runs (SIGTERM's default action is the same). ~6 s: the evaluator imports."""
+    """SIGKILL: no handler of ours runs (SIGTERM's default action is the same). ~6 s: the evaluator imports.
+
+    No clock: the evaluator writes to a pipe once its candidate runs (as ``/bin/sleep``), and the
+    candidate's exit is awaited on its pidfd; a loaded machine only makes both events later."""
     if not _usable(mode):
         return
     marker = f"dlm-sandbox-test-{uuid.uuid4().hex}"
-    evaluator = subprocess.Popen([sys.executable, "-c", EVALUATOR, str(private_tmp), mode],
-                                 env={**os.environ, "MARKER": marker})  # not on its command line: we look for it
+    ready_r, ready_w = os.pipe()
+    evaluator = subprocess.Popen([sys.executable, "-c", EVALUATOR, str(private_tmp), mode, str(ready_w)],
+                                 env={**os.environ, "MARKER": marker},  # not on its command line: we look for it
+                                 pass_fds=(ready_w,), stderr=subprocess.PIPE)
+    os.close(ready_w)  # the evaluator holds the only write end: its death reads as end of file
     try:
-        deadline = time.monotonic() + 30
-        while not _with_marker(marker):  # the candidate is running (as /bin/sleep)
-            assert evaluator.poll() is None and time.monotonic() < deadline, "the candidate never started"
-            time.sleep(0.05)
+        _wait_readable(ready_r, "word from the evaluator")
+        started = os.read(ready_r, 64)
+        assert started, "the candidate never started (the evaluator exited): " + evaluator.stderr.read().decode()[-2000:]
+        candidates = [os.pidfd_open(pid) for pid in _with_marker(marker)]  # the sleeper (and its wrappers)
+        assert candidates, "the candidate the evaluator saw is gone before the kill"
         evaluator.kill()
-        evaluator.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while _with_marker(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        evaluator.wait()
+        for pidfd in candidates:  # a pidfd turns readable when its process has exited
+            _wait_readable(pidfd, "exit of the candidate after its evaluator died")
+            os.close(pidfd)
         assert not _with_marker(marker), "the candidate outlived its evaluator"
         assert not list(private_tmp.iterdir())
         base = cgroup_base()
@@ -402,9 +432,11 @@ def test_an_evaluator_killed_mid_run_leaves_no_process_and_no_folder(mode: str, 
             finally:
                 cgroup_base.cache_clear()
     finally:
+        os.close(ready_r)
         if evaluator.poll() is None:
             evaluator.kill()
             evaluator.wait()
+        evaluator.stderr.close()
         for pid in _with_marker(marker):
             os.kill(pid, signal.SIGKILL)
 

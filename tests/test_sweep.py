@@ -276,7 +276,7 @@ def test_replay_reproduces_stored_metrics(swept, capsys):
 
 
 def test_pareto_cli_table_json_and_logging(swept, capsys, tmp_path):
-    args = ["pareto", "--storage", swept["storage"], "--study-name", "t", "--tracking-uri", swept["uri"]]
+    args = ["pareto", "--storage", swept["storage"], "--study-name", "t", "--tracking-uri", swept["uri"], "--log"]
     assert main(args + ["--json", "--out", str(tmp_path / "p")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mlflow_parent_run_id"] == swept["first"].parent_run_id

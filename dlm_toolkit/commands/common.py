@@ -8,7 +8,7 @@ import inspect
 import os
 from typing import Any, Sequence
 
-from dlm_toolkit.config import ConfigError, parse_value
+from dlm_toolkit.config import ConfigError, parse_value, utf8_argument
 from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
 
 
@@ -91,18 +91,9 @@ def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = Tr
 
 
 def prompt_text(text: str, option: str = "--prompt") -> str:
-    """``text`` as given on the command line, refused if its bytes were not UTF-8.
-
-    Python decodes ``argv`` with ``surrogateescape``: each byte that is not part of valid UTF-8
-    arrives as a lone surrogate, which a tokenizer cannot encode. The error names the first such
-    byte and its offset in the argument."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raw = text.encode("utf-8", "surrogateescape")
-        offset = len(text[:err.start].encode("utf-8", "surrogateescape"))
-        raise ConfigError(f"{option}: not valid UTF-8 (byte 0x{raw[offset]:02x} at byte offset {offset})") from None
-    return text
+    """``text`` as given on the command line, refused if its bytes were not UTF-8
+    (:func:`~dlm_toolkit.config.utf8_argument`)."""
+    return utf8_argument(text, option)
 
 
 def parse_ids(text: str) -> list[int]:

@@ -20,6 +20,7 @@ from dlm_toolkit.sweep.storage import DEFAULT_HEARTBEAT, DEFAULT_RECONNECT, DEFA
 DETERMINISTIC_METRICS = ("accuracy", "tpf", "nfe_mean", "edits_per_token", "remasks_per_token",
                          "forward_tokens_per_token", "inserts_per_token", "deletes_per_token", "n")
 TIMING_METRICS = ("tokens_per_second", "wall_time_s")
+MLFLOW_UI_PORT = 5000  # `mlflow ui`'s default; the printed links of a local store assume it
 
 
 def register(sub: Any) -> None:
@@ -55,16 +56,18 @@ def register(sub: Any) -> None:
     add_unsafe_exec_arg(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("pareto", help="print (and log) the Pareto front of a study",
+    p = sub.add_parser("pareto", help="print the Pareto front of a study (--log: also log it to MLflow)",
                        description="The front of a sweep study: each trial's params, quality, TPF and whether "
-                       "it dominates each preset. Also logs pareto.png/.csv/.json and metrics to the study's "
-                       "MLflow parent run.")
+                       "it dominates each preset. Reads only; with --log it also logs pareto.png/.csv/.json "
+                       "and metrics to the study's MLflow parent run (as `dlm sweep` does when it ends).")
     p.add_argument("--storage", default=DEFAULT_STORAGE)
     p.add_argument("--study-name", required=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI,
-                   help="MLflow store holding the study's parent run (skipped if its SQLite file is absent)")
-    p.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+                   help="with --log: MLflow store holding the study's parent run (skipped if its SQLite file is absent)")
+    p.add_argument("--log", action="store_true", help="log the front to the study's MLflow parent run")
+    p.add_argument("--no-log", action="store_true",
+                   help="deprecated (not logging is the default now); accepted until 0.3.0")
     p.add_argument("--out", help="also write pareto.png, pareto.html, pareto.csv and pareto.json into this folder")
     p.set_defaults(func=cmd_pareto)
 
@@ -120,6 +123,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"study '{result.study_name}': {c.counted}/{result.n_trials} finished trials "
               f"({c.complete} complete, {c.pruned} pruned, {c.failed} failed)"
               + (" -- the grid is exhausted" if result.exhausted and c.counted < result.n_trials else "")
+              + (" -- already finished, nothing ran (--n-trials N adds trials)" if result.already_finished else "")
               + ("" if result.complete else " -- rerun the same command to resume"))
         print(open_hints(args.storage, args.tracking_uri, result.study_name, result.experiment_id,
                          result.parent_run_id))
@@ -133,10 +137,12 @@ def open_hints(storage: str, tracking_uri: str, study_name: str, experiment_id: 
     from dlm_toolkit.sweep.uris import hide_password, hide_web_password
 
     served = tracking_uri.startswith(("http://", "https://"))
-    base = tracking_uri.rstrip("/") if served else "http://127.0.0.1:5000"
+    base = tracking_uri.rstrip("/") if served else f"http://127.0.0.1:{MLFLOW_UI_PORT}"
     page = hide_web_password(run_page_url(base, experiment_id, run_id) if run_id else base)
     mlflow = (f"MLflow:  open {page}" if served else
-              f"MLflow:  mlflow ui --backend-store-uri {tracking_uri} --workers 1   then open {page}")
+              f"MLflow:  mlflow ui --backend-store-uri {tracking_uri} --workers 1   then open {page}\n"
+              f"         ({MLFLOW_UI_PORT} is mlflow ui's default port; with `mlflow ui --port N` use port N in "
+              "these links)")
     lines = [mlflow + f"   (parent run 'study-{study_name}')"]
     if experiment_id:
         lines.append(f"         runs table with accuracy, tpf and nfe_mean columns: "
@@ -154,13 +160,18 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     from dlm_toolkit.sweep.storage import load_study
     from dlm_toolkit.sweep.uris import check_sqlite_folder, check_store_kind
 
-    if not args.no_log:  # before anything is opened: a refused command writes nothing
+    if args.no_log:
+        print("note: --no-log is deprecated and will be removed in 0.3.0: `dlm pareto` no longer logs "
+              "unless --log", file=sys.stderr)
+        if args.log:
+            raise ConfigError("--log and --no-log: choose one")
+    if args.log:  # before anything is opened: a refused command writes nothing
         check_sqlite_folder(args.tracking_uri, "tracking URI")
         check_store_kind(args.tracking_uri, "tracking URI", "mlflow")
     study = load_study(args.storage, args.study_name)
     summary = summarize(study)
     logged = None
-    if not args.no_log:
+    if args.log:
         logged = log_pareto_to_parent(summary, study, args.storage, args.tracking_uri)
     if args.out:
         write_all(summary, args.out)

@@ -38,7 +38,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.models.base import DiffusionLM, model_device
-from dlm_toolkit.training.objective import block_diffusion_attn_mask
+from dlm_toolkit.models.masks import block_diffusion_attn_mask
 
 __all__ = ["LAST_BLOCK", "LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_last_block", "check_mc_args",
            "estimate_loglikelihood"]

@@ -5,6 +5,11 @@ Every package (ours included) that ships strategies declares an entry point in t
 with ``@M2T.register("name")`` etc. The built-ins (``strategies/``) use the same path.
 Set ``DLM_TOOLKIT_NO_PLUGINS=1`` to load only the built-ins.
 
+A name registered twice (a plug-in's rule named like a built-in, or two plug-ins' rules alike) does
+not stop the toolkit: the first registration (the built-in) keeps the name, the load logs a warning,
+and only using that name fails, with a message that says how to rename the plug-in's rule or how to
+run without plug-ins.
+
 Configs may also name a class directly as ``package.module:Class``. Importing a module runs its
 code, and policies also come from files and stores someone else may have written, so a class path
 whose module is not imported yet is refused unless imports are allowed: ``--allow-import`` on the
@@ -61,7 +66,7 @@ def allow_imports(allowed: bool = True) -> Iterator[None]:
 
 
 class PluginError(ConfigError):
-    """A strategy plug-in failed to import or registered a name twice."""
+    """A strategy plug-in failed to import, or a name used was registered twice."""
 
 
 @dataclass(frozen=True)
@@ -77,31 +82,46 @@ class Registry(Generic[T]):
     def __init__(self, role: str, kind: str) -> None:
         self.role, self.kind = role, kind
         self._entries: dict[str, Entry] = {}
+        self._clashes: dict[str, str] = {}  # name -> why using it fails (registered twice)
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Class decorator: ``@M2T.register("threshold")``."""
+        """Class decorator: ``@M2T.register("threshold")``. A name already taken by another class
+        keeps its first class; the clash is logged and raised only where the name is used."""
 
         def decorate(cls: T) -> T:
-            old = self._entries.get(name)
-            if old is not None and _qualname(old.cls) != _qualname(cls):
-                raise PluginError(
-                    f"{self.role} rule '{name}' registered twice: by {_qualname(old.cls)} "
-                    f"({old.source}) and by {_qualname(cls)}"
-                )
             plugin = _loading.get()
             builtin = plugin == BUILTIN_PLUGIN or cls.__module__.startswith(BUILTIN_MODULE + ".")
             source = "built-in" if builtin else plugin or cls.__module__
+            old = self._entries.get(name)
+            if old is not None and _qualname(old.cls) != _qualname(cls):
+                self._clashes[name] = self._clash_message(name, old, cls, source)
+                log.warning("%s", self._clashes[name])
+                return cls
             self._entries[name] = Entry(name, cls, source)
             cls.registered_name = name
             return cls
 
         return decorate
 
+    def _clash_message(self, name: str, old: Entry, cls: type, source: str) -> str:
+        where = f"plug-in '{source}'" if source != cls.__module__ else f"module {cls.__module__}"
+        return (f"{self.role} rule '{name}' registered twice: by {_qualname(old.cls)} ({old.source}) and by "
+                f"{_qualname(cls)} ({where}); '{name}' means the first. Rename the second "
+                f"(@{self.role.upper()}.register(\"{name}\") in {cls.__module__}), or name it by its class path "
+                f"{cls.__module__}:{cls.__qualname__}, or run without plug-ins: {NO_PLUGINS_ENV}=1")
+
     def get(self, name: str) -> T:
-        """The class registered as ``name`` (or a ``package.module:Class`` path)."""
+        """The class registered as ``name`` (or a ``package.module:Class`` path).
+
+        Raises:
+            PluginError: ``name`` was registered twice (by a plug-in; see the module doc).
+            ConfigError: no class is registered as ``name``.
+        """
         load_plugins()
         if ":" in name:
             return self._import_path(name)
+        if name in self._clashes:
+            raise PluginError(self._clashes[name])
         entry = self._entries.get(name)
         if entry is None:
             msg = f"unknown {self.role} rule '{name}'; available: {', '.join(self.names())}"
@@ -111,6 +131,11 @@ class Registry(Generic[T]):
                 )
             raise ConfigError(msg)
         return entry.cls  # type: ignore[return-value]
+
+    def clashes(self) -> dict[str, str]:
+        """``{name: message}`` of the names registered twice (each fails where it is used)."""
+        load_plugins()
+        return dict(self._clashes)
 
     def names(self) -> list[str]:
         load_plugins()
@@ -165,15 +190,11 @@ def load_plugins() -> None:
     order = [BUILTIN_PLUGIN] + sorted(n for n in eps if n != BUILTIN_PLUGIN)
     if os.environ.get(NO_PLUGINS_ENV, "") not in ("", "0"):
         order = [BUILTIN_PLUGIN]
-    clashes: list[PluginError] = []
     for name in order:
         token = _loading.set(name)
         try:
             importlib.import_module(eps[name])
             _plugins[name] = eps[name]
-        except PluginError as err:  # a name registered twice: load the rest, then raise
-            _failed[name] = str(err)
-            clashes.append(err)
         except Exception as err:  # a broken plug-in must not take the toolkit down with it
             if name == BUILTIN_PLUGIN:
                 raise
@@ -181,8 +202,6 @@ def load_plugins() -> None:
             log.warning("strategy plug-in '%s' failed to import: %s", name, _failed[name])
         finally:
             _loading.reset(token)
-    if clashes:
-        raise clashes[0]
 
 
 def plugin_status() -> dict[str, dict[str, str]]:

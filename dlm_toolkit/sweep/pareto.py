@@ -1,6 +1,7 @@
 """The speed–quality Pareto front of a sweep, its summary numbers, table, CSV and plot.
 
-Definitions (also printed in ``dlm pareto`` and logged to the study's MLflow parent run):
+Definitions (also printed in ``dlm pareto`` and logged to the study's MLflow parent run by a sweep
+and ``dlm pareto --log``):
 
 * **front**: the COMPLETE trials that no other COMPLETE trial dominates in the study's
   objectives (``a`` dominates ``b``: at least as good in every objective and strictly better

@@ -72,6 +72,7 @@ class SweepResult:
     summary: ParetoSummary
     exhausted: bool = False  # the grid sampler ran every grid point before n_trials
     experiment_id: str = ""  # the MLflow experiment holding the parent run
+    already_finished: bool = False  # the study held n_trials finished trials before this call: nothing ran
 
     @property
     def complete(self) -> bool:
@@ -202,6 +203,9 @@ def run_sweep(
     try:
         # the storage answers before any worker starts (a server URL that does not is one line, no workers)
         store = open_storage(storage, heartbeat_interval, grace_period)
+        finished = finished_result(exp, store, storage, tracking_uri, name, n_trials)
+        if finished is not None:  # nothing to run: no model, no workers, nothing written
+            return finished
         spawned = [subprocess.Popen(worker_command(), stdin=subprocess.PIPE, text=True)
                    for _ in range(1, workers)]
         model, tokenizer, store, tracker = check_resources(exp, storage, tracking_uri, heartbeat_interval,
@@ -263,6 +267,39 @@ def run_sweep(
                           "trials are stored -- run the same command again to finish and summarise")
     return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summary, grid_exhausted(study),
                        tracker.experiment_id)
+
+
+def finished_result(exp: Experiment, store: Any, storage: str, tracking_uri: str, name: str,
+                    n_trials: int) -> SweepResult | None:
+    """The result of a study that already holds ``n_trials`` finished trials of this experiment
+    (same result settings, nothing running or waiting, its parent run in this MLflow store), read
+    from the two stores without loading the model or writing anything; ``None`` for anything else,
+    which the full path handles (and checks, refusing what it must)."""
+    import json
+
+    import optuna
+
+    from dlm_toolkit.sweep.attrs import read_settings
+    from dlm_toolkit.sweep.storage import optuna_quiet
+
+    try:
+        with optuna_quiet():
+            study = optuna.load_study(study_name=name, storage=store)
+    except KeyError:  # no such study yet
+        return None
+    stored = read_settings(study)
+    now = exp.result_settings()
+    if stored is None or json.dumps({k: stored.get(k) for k in now}, sort_keys=True) != json.dumps(now, sort_keys=True):
+        return None
+    counts = Counts.of(study)
+    if counts.counted < n_trials or counts.running or counts.waiting:
+        return None
+    tracker = Tracker(tracking_uri, exp.mlflow_experiment)
+    parent = tracker.find_parent(name, storage)
+    if parent is None:
+        return None
+    return SweepResult(name, storage, tracking_uri, parent, n_trials, counts, summarize(study), False,
+                       tracker.experiment_id, already_finished=True)
 
 
 class SweepProgress:

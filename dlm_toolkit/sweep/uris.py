@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from dlm_toolkit.config import ConfigError
+from dlm_toolkit.config import ConfigError, utf8_argument
 
 
 def hide_password(url: str) -> str:
@@ -62,9 +62,7 @@ def first_line(err: BaseException) -> str:
 def check_utf8(uri: str, what: str) -> None:
     """Refuse a URL whose bytes were not UTF-8 (Python hands such command-line bytes over as lone
     surrogates, which SQLAlchemy and SQLite cannot encode: a traceback, later)."""
-    from dlm_toolkit.commands.common import prompt_text
-
-    prompt_text(uri, what)
+    utf8_argument(uri, what)
 
 
 OPTUNA_TABLES = frozenset({"studies", "trials"})

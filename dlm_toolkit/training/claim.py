@@ -101,14 +101,14 @@ def claim(out: Path) -> Iterator[None]:
     while not up.exists() and up != up.parent:  # the folders this call makes, deepest first
         created.append(up)
         up = up.parent
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"out: cannot create {out} ({err.strerror})") from None
     lock = out / LOCK_NAME
     fd = -1
     try:
         for _ in range(100):  # the file was removed between our open and our lock: take the new one
+            try:  # again each time: a run that made the folder removes it, empty, when it ends
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ConfigError(f"out: cannot create {out} ({err.strerror})") from None
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -117,8 +117,9 @@ def claim(out: Path) -> Iterator[None]:
                 fd = -1
                 raise ConfigError(f"out: {out} is being written by {_holder(lock)}; wait for it to finish "
                                   "or choose another --out") from None
-            try:
-                same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            try:  # the path must still name the file we locked, or a third run could lock its successor
+                now, held = os.stat(lock, follow_symlinks=False), os.fstat(fd)
+                same = (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
             except FileNotFoundError:
                 same = False
             if same:

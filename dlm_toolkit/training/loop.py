@@ -252,10 +252,10 @@ def _train(config: TrainConfig, out: Path, tokenizer: Any, model: LLaDA2MoeModel
     if tracking_uri:
         import mlflow
 
-        from dlm_toolkit.sweep.tracking import Tracker
+        from dlm_toolkit.sweep.mlflow_store import MlflowStore
 
         mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment_id=Tracker(tracking_uri, "dlm-train").experiment_id)  # artifacts by the store
+        mlflow.set_experiment(experiment_id=MlflowStore(tracking_uri, "dlm-train").experiment_id)  # artifacts by the store
         if point is not None and point.mlflow_run_id and _run_exists(mlflow, point.mlflow_run_id):
             mlflow.start_run(run_id=point.mlflow_run_id)  # the continuation extends the same curves
         else:

@@ -55,27 +55,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dlm_toolkit.models.masks import block_diffusion_attn_mask
 from dlm_toolkit.tasks import Task
 from dlm_toolkit.training.config import TrainConfig
 
 __all__ = ["Batch", "Row", "block_diffusion_attn_mask", "canvas_tokens", "corruption_candidates", "loss_fn",
            "make_batch", "random_other_token"]
-
-def block_diffusion_attn_mask(noisy: torch.Tensor, block: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``(R, T, T)`` bool attention mask of a ``[x_t ; x_0]`` row (query t may attend key s).
-
-    Args (all ``(R, T)``): ``noisy`` True for tokens of the noisy half, ``block`` each token's
-    block index (absolute position // B), ``valid`` False for row padding.
-
-    Noisy block b sees noisy block b and clean blocks < b; clean block b sees clean blocks <= b.
-    Padding queries see only themselves (no NaN from an empty softmax) and no one sees padding.
-    """
-    qn, kn = noisy[:, :, None], noisy[:, None, :]
-    qb, kb = block[:, :, None], block[:, None, :]
-    allowed = (qn & kn & (kb == qb)) | (qn & ~kn & (kb < qb)) | (~qn & ~kn & (kb <= qb))
-    allowed = allowed & valid[:, :, None] & valid[:, None, :]
-    eye = torch.eye(noisy.shape[1], dtype=torch.bool, device=noisy.device)
-    return allowed | (eye & ~valid[:, :, None])
 
 
 Row = tuple[list[int], ...]  # (prompt_ids, answer_ids) or (prompt_ids, answer_ids, alternative_ids | None)

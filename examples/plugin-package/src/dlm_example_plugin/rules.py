@@ -25,3 +25,6 @@ class ConfidenceRatioUnmask(UnmaskRule):
         score = top[..., 0] / top[..., 1].clamp(min=1e-12)
         commit = ctx.fillable & (top[..., 0] > self.config.ratio * top[..., 1])
         return at_least_one(commit, score, ctx.fillable)
+
+
+from dlm_example_plugin import hooks  # noqa: E402,F401 -- the entry point's module: importing it registers freeze_first too
