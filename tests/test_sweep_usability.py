@@ -132,3 +132,18 @@ def test_a_parent_run_made_without_a_description_gets_one_on_resume(swept) -> No
                       heartbeat_interval=2, threads=1)
     assert again.parent_run_id == parent and again.counts.counted == 6
     assert "`n_complete` = COMPLETE trials" in client.get_run(parent).data.tags["mlflow.note.content"]
+
+
+def test_a_trial_with_nan_metrics_takes_no_part_in_the_front():
+    """A damaged store's NaN accuracy compares false both ways: without the filter it sits on the
+    front and pushes the slower true-front trial off it."""
+    import math
+
+    from dlm_toolkit.sweep.pareto import TrialPoint, summarize_points
+
+    pts = [TrialPoint(0, {"accuracy": 0.9, "tpf": 1.0}, {}, None, "a", None),
+           TrialPoint(1, {"accuracy": 0.5, "tpf": 2.0}, {}, None, "b", None),
+           TrialPoint(2, {"accuracy": float("nan"), "tpf": 3.0}, {}, None, "c", None)]
+    s = summarize_points("s", {"accuracy": "maximize", "tpf": "maximize"}, pts)
+    assert [p.trial for p in s.front] == [0, 1] and len(s.points) == 3  # kept, for the pages to name
+    assert math.isfinite(s.hypervolume) and math.isfinite(s.auc)

@@ -22,8 +22,10 @@ TPF counts generated tokens up to and including the first EOS, per forward.
 
 from __future__ import annotations
 
+
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -179,6 +181,10 @@ class ParetoSummary:
         }
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def summarize_points(study_name: str, objectives: dict[str, str], points: list[TrialPoint],
                      counts: dict[str, int] | None = None, preset_names: Sequence[str] = ()) -> ParetoSummary:
     """Build a :class:`ParetoSummary` from COMPLETE trial points (used by :func:`summarize`).
@@ -186,6 +192,11 @@ def summarize_points(study_name: str, objectives: dict[str, str], points: list[T
     ``preset_names``: presets to list even when they have no COMPLETE trial (yet).
     """
     names, dirs = list(objectives), list(objectives.values())
+    every = points
+    # a damaged or tampered store can hold NaN/inf metrics: such a trial is kept in ``points`` (the pages
+    # name it as left out) but takes no part in the front, dominance, speedups or areas (NaN compares false
+    # both ways, so it would sit on the front and crowd the true front out)
+    points = [p for p in points if all(_finite(p.metrics.get(m)) for m in names)]
     vals = [[p.metrics[m] for m in names] for p in points]
     front = [points[i] for i in non_dominated(vals, dirs)]
     front.sort(key=lambda p: (p.metrics.get("tpf", 0.0), p.trial))
@@ -214,7 +225,7 @@ def summarize_points(study_name: str, objectives: dict[str, str], points: list[T
         speedup[name] = best
     plane = [(p.metrics["accuracy"], p.metrics["tpf"]) for p in points if "accuracy" in p.metrics and "tpf" in p.metrics]
     return ParetoSummary(
-        study_name=study_name, objectives=dict(objectives), points=points, front=front, presets=presets,
+        study_name=study_name, objectives=dict(objectives), points=every, front=front, presets=presets,
         dominated_by=dominated_by, speedup_at_quality=speedup,
         hypervolume=hypervolume_2d(plane) if plane else None, auc=front_auc(plane) if plane else None,
         counts=dict(counts or {}),
