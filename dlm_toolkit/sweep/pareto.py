@@ -22,7 +22,6 @@ TPF counts generated tokens up to and including the first EOS, per forward.
 
 from __future__ import annotations
 
-
 import csv
 import json
 import math
