@@ -7,7 +7,8 @@
   its span and a block), never from the counter under test;
 - the fast paths of the eager decode that reads every step (the trimmed forward, the reused layout,
   the write inside the canvas, the schedule's skipped block ends) against the general path (the
-  same decode with ``check_every=2``, which takes none of them) on ``align: prompt`` and
+  same decode with ``check_every=2``, which takes none of the engine's, and the schedule handed
+  :data:`~dlm_toolkit.step.facts.UNKNOWN` facts, so it takes none of its own) on ``align: prompt`` and
   ``absolute``, cache on and off, a plug-in schedule whose window spans two blocks, dynamic blocks
   and a batch whose rows finish at different steps;
 - a segment's ``see_cache=False`` and a segment without ``pos`` / ``real``.
@@ -22,6 +23,7 @@ import torch
 
 from dlm_toolkit import BLOCKS, T2T, DecodingPolicy, StrategyError, decode
 from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.testing import tiny_llada2
 from strategies.blocks_semi_ar import SemiAutoregressive
@@ -103,24 +105,43 @@ CASES = [  # (schedule, align, kv_cache, block_length, more policy settings)
 ]
 
 
+def general(pol: DecodingPolicy, kv: bool, monkeypatch, **kw):
+    """The decode on the general path: ``check_every=2`` and a schedule that knows no facts."""
+    cls = type(pol.blocks)
+    prepare, finish_step = cls.prepare, cls.finish_step
+    with monkeypatch.context() as patch:
+        patch.setattr(cls, "prepare", lambda self, state, facts: prepare(self, state, UNKNOWN))
+        patch.setattr(cls, "finish_step", lambda self, state, ctx, facts: finish_step(self, state, ctx, UNKNOWN))
+        return decode(model(), PROMPTS, pol, GEN, kv_cache=kv, capture="eager", check_every=2, **kw)
+
+
 @pytest.mark.parametrize("blocks, align, kv, block, more", CASES)
 def test_forward_tokens_equal_an_independent_count_and_the_fast_paths_the_general_path(blocks, align, kv, block,
-                                                                                      more):
+                                                                                      more, monkeypatch):
     pol = policy(blocks, align, block, **more)
-    fast, general = (decode(model(), PROMPTS, pol, GEN, kv_cache=kv, capture="eager", record=True,
-                            check_every=every) for every in (1, 2))
-    assert outcome(fast) == outcome(general)
+    fast = decode(model(), PROMPTS, pol, GEN, kv_cache=kv, capture="eager", record=True)
+    assert outcome(fast) == outcome(general(pol, kv, monkeypatch))
+    # check_every=2 with the facts: the schedule's fast paths on steps between reads
+    assert outcome(fast) == outcome(decode(model(), PROMPTS, pol, GEN, kv_cache=kv, capture="eager", check_every=2))
     want = counted(fast, kv, pol.blocks.window_width(), block)
     assert [r.forward_tokens for r in fast.rows] == want
     # the batch has rows that finish while others decode (the reuse must see which rows are live)
     assert len({r.nfe for r in fast.rows}) > 1 and any(r.eos_stopped for r in fast.rows)
 
 
-def test_dynamic_blocks_fast_paths_equal_the_general_path():
+def test_dynamic_blocks_fast_paths_equal_the_general_path(monkeypatch):
     for kv in (True, False):
-        fast, general = (decode(model(), PROMPTS, policy("dsb"), GEN, kv_cache=kv, capture="eager",
-                                check_every=every) for every in (1, 2))
-        assert outcome(fast) == outcome(general)
+        fast = decode(model(), PROMPTS, policy("dsb"), GEN, kv_cache=kv, capture="eager")
+        assert outcome(fast) == outcome(general(policy("dsb"), kv, monkeypatch))
+
+
+def test_facts_of_a_step_without_a_read_keep_only_what_still_holds():
+    read = StepFacts(read=True, post_max=3, since=0, post_any=True, window_ends=(8, 16), width=12, needed=9,
+                     live=(0, 2), layout_key=("k",), cache_moves=False)
+    later = read.later().later()
+    assert later == StepFacts(read=False, post_max=3, since=2, width=12)
+    with pytest.raises(AttributeError):  # a value: no stage can change what another reads
+        read.post_max = 0  # type: ignore[misc]
 
 
 # -- segments: see_cache, and the fields that must be tensors ---------------------------------------

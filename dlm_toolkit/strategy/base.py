@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from dlm_toolkit.config import RoleSpec, SamplingConfig, StrategyConfig, validate_model
+from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 from dlm_toolkit.step.flags import StrategyError
 from dlm_toolkit.step.state import DecodeState
 
@@ -551,8 +552,10 @@ class BlockSchedule(Strategy):
         first block, number of blocks."""
         raise NotImplementedError
 
-    def prepare(self, state: DecodeState) -> torch.Tensor:
-        """Finish blocks that need no forward; return ``(N,)`` bool: the rows that forward now."""
+    def prepare(self, state: DecodeState, facts: StepFacts = UNKNOWN) -> torch.Tensor:
+        """Finish blocks that need no forward; return ``(N,)`` bool: the rows that forward now.
+        ``facts``: what the host knows from the last read (:class:`~dlm_toolkit.step.facts.StepFacts`;
+        a schedule may skip work they prove useless; the parameter may be left out)."""
         raise NotImplementedError
 
     def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -593,8 +596,9 @@ class BlockSchedule(Strategy):
         """(B, W) positions whose written tokens T2T may edit (default: the active block)."""
         return ctx.in_block
 
-    def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
-        """React to the step just written (e.g. end a converged block)."""
+    def finish_step(self, state: DecodeState, ctx: StepContext, facts: StepFacts = UNKNOWN) -> None:
+        """React to the step just written (e.g. end a converged block); ``facts``: this step's host
+        facts (as for :meth:`prepare`; the parameter may be left out)."""
         raise NotImplementedError
 
 
