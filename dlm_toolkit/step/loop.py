@@ -28,7 +28,7 @@ from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.step.engine import CaptureMode, StepEngine, shared
 from dlm_toolkit.step.facts import StepFacts
-from dlm_toolkit.hooks.base import HookStages
+from dlm_toolkit.hooks.base import HookStages, run_stage
 from dlm_toolkit.strategy.policy import DecodingPolicy, StepChecks
 from dlm_toolkit.step.rule_capture import RuleRunners
 from dlm_toolkit.step.state import DecodeResult, DecodeState, row_seeds, validate_prompts
@@ -92,7 +92,7 @@ def decode(
         raise ConfigError(f"check_every: must be an integer in [1, 1024] (got {check_every!r})")
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
     for hook in policy.hooks:
-        hook.check_model(model)
+        run_stage(hook, "check_model", hook.check_model, model)
     if not allow_past_context:
         origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
