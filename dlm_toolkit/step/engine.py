@@ -51,7 +51,8 @@ from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, board, de
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.step.state import COUNTERS, DecodeState
-from dlm_toolkit.strategy.base import BlockSchedule, hook_label
+from dlm_toolkit.strategy.base import BlockSchedule
+from dlm_toolkit.strategy.outputs import hook_label
 
 if TYPE_CHECKING:
     from dlm_toolkit.strategy.policy import StepChecks
