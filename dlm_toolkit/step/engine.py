@@ -40,13 +40,13 @@ logits with :meth:`StepEngine.segment_logits`, or run :meth:`StepEngine.extra_fo
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import torch
 
-from dlm_toolkit.step.facts import StepFacts
+from dlm_toolkit.step.facts import SavedLayout, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, board, declare
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
@@ -475,17 +475,6 @@ class StepEngine:
             store[key] = StepRunner(fn, f"model forward (batch {s.batch_size}, width {width}, canvas {self.length})",
                                     self.mode, backend=self.backend)
         return store[key]
-
-
-@dataclass
-class SavedLayout:
-    """(layout reuse) The step forward's layout of the last step that built one, and its key
-    (:attr:`StepFacts.layout_key`): the window's positions, real slots, groups, cache writes and start;
-    the forward's mask with the cache columns, writes and tokens per row (set by its run)."""
-
-    key: tuple | None = None
-    window: tuple[torch.Tensor, ...] = ()
-    run: tuple[torch.Tensor, ...] | None = None
 
 
 def _schedule(hit: FlagHit) -> str:

@@ -6,12 +6,16 @@ Nothing here is ever written into the :class:`~dlm_toolkit.step.state.DecodeStat
 read the host gets :meth:`StepFacts.later` of the last read's value, which keeps only what still holds
 (a bound that grows by one per step, the forward width the read chose) and forgets the rest, so a fast
 path can only be taken on facts of its own step. Each fact's user states the precondition it proves
-next to the fast path.
+next to the fast path. :class:`SavedLayout` is the engine's one cache of a layout those facts key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -49,3 +53,14 @@ class StepFacts:
 
 
 UNKNOWN = StepFacts(post_max=None)  # nothing known: every stage takes its general path
+
+
+@dataclass
+class SavedLayout:
+    """(layout reuse) The step forward's layout of the last step that built one, and its key
+    (:attr:`StepFacts.layout_key`): the window's positions, real slots, groups, cache writes and start;
+    the forward's mask with the cache columns, writes and tokens per row (set by its run)."""
+
+    key: tuple | None = None
+    window: tuple[torch.Tensor, ...] = ()
+    run: tuple[torch.Tensor, ...] | None = None
