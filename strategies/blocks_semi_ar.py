@@ -16,6 +16,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import BLOCKS, BlockSchedule, DecodeState, StepContext, StrategyConfig
+from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 
 
 @BLOCKS.register("semi_ar")
@@ -32,14 +33,13 @@ class SemiAutoregressive(BlockSchedule):
             return prompt_len.clone(), torch.zeros_like(prompt_len), torch.full_like(prompt_len, -(-gen_length // bl))
         return torch.zeros_like(prompt_len), prompt_len // bl, -(-(prompt_len + gen_length) // bl)
 
-    def prepare(self, state: DecodeState) -> torch.Tensor:
+    def prepare(self, state: DecodeState, facts: StepFacts = UNKNOWN) -> torch.Tensor:
         no_mask = (state.block_masked == 0) > state.done  # on bools a > b is a & ~b
         state.post = state.post + no_mask  # a bool adds as 0/1
-        bound = state.post_bound
-        if bound is not None:
-            bound = state.post_bound = bound + 1  # a prepare adds at most 1 to a row's post
-            if bound <= self.config.max_post_steps:  # no row can be over: advance_blocks would change nothing
-                return ~state.done
+        # precondition of skipping advance_blocks: a prepare adds at most 1 to a row's post, so no row is
+        # past post_max + since + 1 (StepFacts); within max_post_steps no row is over and it would change nothing
+        if facts.post_max is not None and facts.post_max + facts.since + 1 <= self.config.max_post_steps:
+            return ~state.done
         over = no_mask & (state.post > self.config.max_post_steps)  # checked before the forward
         state.advance_blocks(over, self.config.eos_early_stop)
         # One pass suffices: a block entered now holds a generated position, and generated
@@ -49,10 +49,9 @@ class SemiAutoregressive(BlockSchedule):
     def window(self, state: DecodeState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return state.block_bounds(rows)
 
-    def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
-        post_any, state.post_any = state.post_any, None  # this step's read only
-        if post_any is False:  # no live row began in a post step: ctx.post is all False, no block ends
-            return
+    def finish_step(self, state: DecodeState, ctx: StepContext, facts: StepFacts = UNKNOWN) -> None:
+        if facts.post_any is False:  # precondition (this step's read): no live row began in a post step, so
+            return  # ctx.post is all False and no block ends
         converged = ctx.post > ctx.edit.any(1)  # on bools a > b is a & ~b
         # a context of every row in order (the decode loop's) needs no scatter onto the batch
         ending = converged if ctx.rows is state.all_rows else torch.zeros_like(state.done).index_put_(

@@ -15,11 +15,13 @@ import torch
 from dlm_toolkit import DecodingPolicy, decode
 from dlm_toolkit.step import engine as engine_module
 from dlm_toolkit.step.canvas import write_step
+from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagBoard, FlagTable, StrategyError, pending_payload
 from dlm_toolkit.step.loop import step_context
 from dlm_toolkit.step.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy.policy import CHECKS, StepChecks
 from dlm_toolkit.testing import tiny_llada2
+from strategies.blocks_semi_ar import SemiAutoregressive
 
 MASK, EOS, VOCAB = 99, 98, 100
 
@@ -257,30 +259,29 @@ def test_the_reused_layout_is_the_layout_built_every_step(monkeypatch):
 
 
 def decode_counting(model, prompts, pol, known: bool, check_every: int, monkeypatch) -> tuple[object, list[int]]:
-    """Decode counting ``advance_blocks`` calls; ``known=False`` starts without a post bound, so the
-    read reads neither it nor ``post_any`` (the general path: ``prepare`` always checks every row
-    against ``max_post_steps``, ``finish_step`` always looks for converged rows)."""
+    """Decode counting ``advance_blocks`` calls; ``known=False`` hands the schedule facts without the
+    post bound or ``post_any`` (the general path: ``prepare`` always checks every row against
+    ``max_post_steps``, ``finish_step`` always looks for converged rows)."""
     calls = [0, 0]  # every call, calls with at least one ending row
-    advance, start = DecodeState.advance_blocks, DecodeState.start.__func__
+    advance = DecodeState.advance_blocks
+    prepare, finish_step = SemiAutoregressive.prepare, SemiAutoregressive.finish_step
 
     def counted(self, ending, eos_early_stop):
         calls[0] += 1
         calls[1] += bool(ending.any())
         return advance(self, ending, eos_early_stop)
 
-    def unknown(cls, *args, **kwargs):
-        state = start(cls, *args, **kwargs)
-        if not known:
-            state.post_bound = None
-        return state
-
     monkeypatch.setattr(DecodeState, "advance_blocks", counted)
-    monkeypatch.setattr(DecodeState, "start", classmethod(unknown))
+    if not known:
+        monkeypatch.setattr(SemiAutoregressive, "prepare", lambda self, state, facts: prepare(self, state, UNKNOWN))
+        monkeypatch.setattr(SemiAutoregressive, "finish_step",
+                            lambda self, state, ctx, facts: finish_step(self, state, ctx, UNKNOWN))
     try:
         result = decode(model, prompts, pol, 40, kv_cache=True, capture="eager", check_every=check_every)
     finally:
         monkeypatch.setattr(DecodeState, "advance_blocks", advance)
-        monkeypatch.setattr(DecodeState, "start", classmethod(start))
+        monkeypatch.setattr(SemiAutoregressive, "prepare", prepare)
+        monkeypatch.setattr(SemiAutoregressive, "finish_step", finish_step)
     return result, calls
 
 
@@ -340,7 +341,7 @@ def test_write_step_inside_the_canvas_matches_the_general_write(width, last_bloc
         old = [t.clone() for t in (state.canvas, state.written_step, state.written_conf)]
         his = (ctx.positions[:, -1] + 1).tolist()
         assert state.canvas.shape[1] == 32 and (min(his) >= width and max(his) <= 32) == inside
-        state.window_ends = (min(his), max(his)) if hint else None
+        facts = StepFacts(read=True, window_ends=(min(his), max(his))) if hint else StepFacts(read=True)
         calls = [0]
         slots = canvas_module.window_slots
 
@@ -349,9 +350,9 @@ def test_write_step_inside_the_canvas_matches_the_general_write(width, last_bloc
             return slots(*args, **kwargs)
 
         monkeypatch.setattr(canvas_module, "window_slots", counted)
-        write_step(state, ctx)
+        write_step(state, ctx, facts)
         monkeypatch.setattr(canvas_module, "window_slots", slots)
-        assert state.window_ends is None  # consumed: a later step without a read takes the general path
+        assert facts.later().window_ends is None  # a later step without a read takes the general path
         slots_calls.append(calls[0])
         out.append([t.tolist() for t in (state.canvas, state.written_step, state.written_conf, state.counts)])
     assert out[0] == out[1]

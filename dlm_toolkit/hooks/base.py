@@ -56,13 +56,13 @@ import difflib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
+import torch
+
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.step.flags import DeviceFlag, StrategyError
-from dlm_toolkit.strategy.base import Declared, HookOutputs, Output, hook_label
+from dlm_toolkit.strategy.outputs import Declared, HookOutputs, Output, hook_label
 
 if TYPE_CHECKING:
-    import torch
-
     from dlm_toolkit.step.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
     from dlm_toolkit.strategy.policy import DecodingPolicy
@@ -213,8 +213,39 @@ def collect(policy: DecodingPolicy) -> list[StepHook]:
             owner[name] = hook
     check_combinations(hooks)
     for hook in hooks:
-        hook.check_policy(policy)
+        run_stage(hook, "check_policy", hook.check_policy, policy)
     return hooks
+
+
+# exceptions a stage raises that pass unchanged: the toolkit's own (they name their source already) and
+# assertion failures (the contract suites fail a test from inside a stage)
+PASS_THROUGH = (ConfigError, StrategyError, AssertionError)
+
+
+def stage_error(who: str, stage: str, err: BaseException, kind: type[Exception] = StrategyError) -> Exception:
+    """One line naming the hook, its stage and what went wrong, for an exception a hook's stage raised
+    that is none of the toolkit's own (those name their source already); raise it ``from err`` so the
+    original stays chained for ``--debug`` and the API."""
+    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    if isinstance(err, MemoryError) or "can't allocate memory" in text or "not enough memory" in text \
+            or "out of memory" in text.lower():
+        what = f"ran out of memory ({text or type(err).__name__})"
+    else:
+        what = f"raised {type(err).__name__}" + (f": {text}" if text else "")
+    return kind(f"{who}: {stage} {what}")
+
+
+def run_stage(hook: StepHook, stage: str, method: Callable[..., Any], *args: Any,
+              kind: type[Exception] = ConfigError) -> Any:
+    """``method(*args)`` (a stage of ``hook`` run once per policy or decode: ``check_policy``,
+    ``check_model``, ``forward_budget``), an exception that is not the toolkit's own turned into one
+    line naming the hook and the stage (:func:`stage_error`)."""
+    try:
+        return method(*args)
+    except PASS_THROUGH:
+        raise
+    except Exception as err:
+        raise stage_error(label(hook), stage, err, kind) from err
 
 
 SELECTIONS = ("commit", "edit", "remask")
@@ -230,16 +261,42 @@ def _as_writer(hook: StepHook, stage: str) -> Callable[..., None]:
         ctx.hooks.writer = who
         try:
             method(ctx, *args)
+        except PASS_THROUGH:
+            raise
+        except Exception as err:  # a plug-in's bug: one line naming it, the original chained
+            raise stage_error(who, stage, err) from err
         finally:
             ctx.hooks.writer = None
         for sel, old in zip(SELECTIONS, before):
-            if old is not None and getattr(ctx, sel) is not old:  # identity only: no host read
+            new = getattr(ctx, sel)
+            if old is not None and new is not old:  # identity only: no host read
+                if not isinstance(new, torch.Tensor) or new.dtype != torch.bool or new.shape != old.shape:
+                    got = (f"a {new.dtype} tensor of shape {tuple(new.shape)}" if isinstance(new, torch.Tensor)
+                           else type(new).__name__)
+                    raise StrategyError(f"{who}: {stage} set ctx.{sel} to {got}; it must stay a torch.bool tensor "
+                                        f"of shape {tuple(old.shape)} (B, W)")
                 if stage == "after_write":  # the canvas and the counters already hold the old selection
                     raise StrategyError(f"{who} replaced ctx.{sel} in after_write, after the step wrote it (the canvas "
                                         "and the counters hold the rules' selection): change selections in after_rules")
                 ctx.replaced.append((who, sel, old))
 
     run.__qualname__ = f"{type(hook).__qualname__}.{stage}"
+    return run
+
+
+def _guarded(hook: StepHook, stage: str) -> Callable[..., Any]:
+    """``hook.<stage>`` with an exception that is not the toolkit's own turned into one line naming
+    the hook and the stage (:func:`stage_error`)."""
+    method, who = getattr(hook, stage), label(hook)
+
+    def run(*args: Any) -> Any:
+        try:
+            return method(*args)
+        except PASS_THROUGH:
+            raise
+        except Exception as err:
+            raise stage_error(who, stage, err) from err
+
     return run
 
 
@@ -270,7 +327,7 @@ class HookStages:
         def overriding(stage: str) -> list[Callable[..., None]]:
             return [_as_writer(h, stage) for h in hooks if overrides(h, stage)]
 
-        self.step_segments = [(h, h.step_segments) for h in hooks if overrides(h, "step_segments")]
+        self.step_segments = [(h, _guarded(h, "step_segments")) for h in hooks if overrides(h, "step_segments")]
         self.after_forward = overriding("after_forward")
         self.after_rules = overriding("after_rules")
         self.after_write = overriding("after_write")

@@ -35,6 +35,7 @@ import torch
 from pydantic import Field, model_validator
 
 from dlm_toolkit.config import StrategyConfig
+from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, set_flag
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.state import DecodeState
@@ -115,7 +116,7 @@ class DynamicBlockSchedule(BlockSchedule):
         state.block_masked_start = torch.where(moved, masked, state.block_masked_start)
         state.block_masked = masked
 
-    def prepare(self, state: DecodeState) -> torch.Tensor:
+    def prepare(self, state: DecodeState, facts: StepFacts = UNKNOWN) -> torch.Tensor:
         if state.block_lo is None:  # the first step of a decode: the schedule proposes its first block
             lo, hi = self.first_bounds(state)
             state.block_lo, state.block_hi, state.block_width = lo.clone(), hi.clone(), self.window_width()
@@ -143,7 +144,7 @@ class DynamicBlockSchedule(BlockSchedule):
         origin = state.origin[rows]
         return origin + torch.div(lo - origin, self.block_length, rounding_mode="floor") * self.block_length
 
-    def finish_step(self, state: DecodeState, ctx: StepContext) -> None:
+    def finish_step(self, state: DecodeState, ctx: StepContext, facts: StepFacts = UNKNOWN) -> None:
         live = torch.zeros_like(state.done).index_put_((ctx.rows,), ctx.live)
         converged = torch.zeros_like(state.done).index_put_((ctx.rows,), ctx.post & ~ctx.edit.any(1))
         state.done |= live & converged  # a post step on the last block that edited nothing

@@ -59,7 +59,8 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, set_flag
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.state import DecodeState
-from dlm_toolkit.strategy.base import Output, StepContext
+from dlm_toolkit.strategy.base import StepContext
+from dlm_toolkit.strategy.outputs import Output
 
 if TYPE_CHECKING:
     from dlm_toolkit.strategy.policy import DecodingPolicy

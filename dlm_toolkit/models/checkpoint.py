@@ -34,6 +34,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dlm_toolkit.util.files import atomic_write_many
+from dlm_toolkit.util.runtime import SMALL_MODEL_NUMEL  # defined in util: is_small reads it without importing models
 
 from .llada2 import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel
 from .validate import (MAX_JSON_BYTES, MAX_WEIGHTS_BYTES, CheckpointError, check_headers, check_memory, check_special_ids,
@@ -43,7 +44,6 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 MASK_TOKEN = "<|mask|>"
 DEFAULT_EOS_TOKEN = "<|endoftext|>"
-SMALL_MODEL_NUMEL = 1 << 24  # parameters up to which load_model builds the model in place
 
 
 def _read_config(path: Path) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from dlm_toolkit.step.facts import StepFacts
 from dlm_toolkit.step.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy.base import StepContext
 
@@ -74,18 +75,19 @@ def write_window(state: DecodeState, ctx: StepContext, tokens: torch.Tensor, wri
     state.written_conf[at] = written_conf.gather(1, same)
 
 
-def write_step(state: DecodeState, ctx: StepContext) -> None:
+def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = None) -> None:
     """Write commits, edits and remasks of one step at once, and count them (live rows only).
 
     The whole window is written back (unselected positions with their old values), so no host
-    sync is needed to find the selected ones (module docstring).
+    sync is needed to find the selected ones (module docstring). ``facts``: this step's host facts
+    (their window ends prove when no slot clamps).
     """
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
     rows, live = ctx.rows, ctx.live
     every = rows is state.all_rows  # the decode loop's context: no gathers or scatters by row
-    ends, state.window_ends = state.window_ends, None  # this step's read only
-    # the window of row r is hi_r - W + [0, W): inside the canvas for every row when min hi >= W
-    # and max hi <= Lmax (the read's window ends of this step), so no slot clamps onto another's position
+    ends = None if facts is None else facts.window_ends
+    # precondition of the scatter without window_slots: the window of row r is hi_r - W + [0, W), inside
+    # the canvas for every row when min hi >= W and max hi <= Lmax (this step's read), so no slot clamps
     inside = every and ends is not None and ends[0] >= ctx.positions.shape[1] and ends[1] <= state.canvas.shape[1]
     wrote = ctx.commit | ctx.edit
     step = state.counts.narrow(1, 0, 1) if every else state.nfe[rows, None]

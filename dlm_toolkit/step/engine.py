@@ -40,16 +40,19 @@ logits with :meth:`StepEngine.segment_logits`, or run :meth:`StepEngine.extra_fo
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import torch
 
+from dlm_toolkit.step.facts import SavedLayout, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, board, declare
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.step.state import COUNTERS, DecodeState
-from dlm_toolkit.strategy.base import BlockSchedule, hook_label
+from dlm_toolkit.strategy.base import BlockSchedule
+from dlm_toolkit.strategy.outputs import hook_label
 
 if TYPE_CHECKING:
     from dlm_toolkit.strategy.policy import StepChecks
@@ -87,8 +90,7 @@ class StepEngine:
         # then takes only the live rows, the cache columns some row has filled and (cache off) the
         # canvas up to the furthest window end: the same logits for every real query, with less work.
         self.trim = trim
-        self.live_rows: torch.Tensor | None = None  # (trim) the rows live in the next forward
-        self.row_sets: dict[tuple[int, ...], torch.Tensor] = {}
+        self.row_sets: dict[tuple[int, ...], torch.Tensor] = {}  # (trim) one tensor per set of live rows
         # Reuse (trim, cache on, default groups, no appended segments): the step forward's positions,
         # real and written slots, groups and attention mask depend only on its width, the cache columns
         # it takes, the live rows and each row's window end, cached length and cache boundary, all of
@@ -97,18 +99,13 @@ class StepEngine:
         # the default groups depend only on the position and the row's origin: one (N, S) table per decode
         self.static_groups = getattr(type(blocks), "attention_groups", None) is BlockSchedule.attention_groups
         self.reuse = trim and cached and model.attention != "full" and not self.segment_hooks and self.static_groups
-        self.layout_key: tuple | None = None  # (reuse) the read's key of the next step forward
-        self.cache_moves = True  # (reuse) some live row's cache boundary is past its cached length
-        self.saved_key: tuple | None = None  # (reuse) the key of the saved layout
-        self.saved_window: tuple[torch.Tensor, ...] = ()  # (reuse) pos, real, group, write, first
-        self.saved_run: tuple[torch.Tensor, ...] = ()  # (reuse) the mask with the cache columns, writes, tokens per row
-        self.hit = False  # (reuse) this step forward takes the saved layout
-        self.needed = 0  # (trim) cache columns (cache on) or canvas positions (cache off) the next forward needs
+        self.saved = SavedLayout()  # (reuse) the step forward's layout of the last step that built one
+        # the facts of the step forward last run: only for a hook that lays out the step's window again
+        # (window() without facts); every stage of the loop gets them as an argument
+        self.last = StepFacts()
         n, self.length = state.canvas.shape
         self.window_width, self.block_length = blocks.window_width(), blocks.block_length
         self.full = model.attention == "full"
-        self.width = self.window_width if cached else self.length
-        self.fresh = True  # the next forward follows a read (which chose self.width)
         self.prefilled = not cached
         self.eyes: dict[int, torch.Tensor] = {}
         self.aranges: dict[int, torch.Tensor] = {}
@@ -125,10 +122,11 @@ class StepEngine:
             state.cache_len = torch.zeros(n, dtype=torch.long, device=state.device)
 
     # -- the host read --------------------------------------------------------------------
-    def read(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, checks: StepChecks) -> bool:
+    def read(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, checks: StepChecks) -> StepFacts | None:
         """The one host read: raise on a set device flag (:mod:`dlm_toolkit.step.flags`: the step checks,
-        the hooks' flags, the engine's own); False when no row is live; else choose the next
-        forward's width (and prefill the KV cache before the first step)."""
+        the hooks' flags, the engine's own); None when no row is live; else the step's
+        :class:`~dlm_toolkit.step.facts.StepFacts` (the forward's width among them; the KV cache is
+        prefilled before the first step)."""
         s, blocks = self.state, self.blocks
         prefilled = self.prefilled
         if s.flags is None or s.flags.table is None:  # the first read: the policy's table of flags
@@ -150,8 +148,7 @@ class StepEngine:
         s.flags.set_many(ENGINE_FLAGS, torch.stack(
             [bad_cache, live & (hi - lo > self.window_width), self.overflow_rows], 1), source=self)
         n_wanted = len(wanted)
-        if s.post_bound is not None:  # the schedule's post counter bound (DecodeState.post_bound), in the same max
-            wanted += [s.post, s.block_masked == 0]
+        wanted += [s.post, s.block_masked == 0]  # the post facts (StepFacts.post_max, post_any), in the same max
         maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
         # bools promote to long in the cat; (trim) whether any row is live is in the rows read anyway
         head = maxes if self.trim else torch.cat([live.any()[None], maxes])
@@ -167,35 +164,39 @@ class StepEngine:
         else:
             span_n, prefill_n = 0, 0
             needed_n = host[at] if n_wanted else 0
-        if len(wanted) > n_wanted:
-            s.post_bound, s.post_any = host[at + n_wanted], bool(host[at + n_wanted + 1])
+        post_max, post_any = host[at + n_wanted], bool(host[at + n_wanted + 1])
         n_head, n = len(head), s.batch_size
         n_key = n_head + len(rows)
         s.flags.raise_first(host[n_key + len(key_parts) * n:], s)
         s.flags.consumed()
         checks.forget()
+        keep = None
         if self.trim:
-            self.needed = needed_n
             keep = tuple(r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x)
             any_live = bool(keep)
-            self.live_rows = self.row_sets.get(keep)
-            if self.live_rows is None:  # one tensor per set of live rows (a decode sees few)
-                self.live_rows = self.row_sets[keep] = torch.tensor(keep, dtype=torch.long, device=s.device)
         if not any_live:
-            return False
+            return None
         if not self.prefilled:
             self.prefill(live, boundary, prefill_n)
+        width = self.length
         if self.cached:  # the narrowest of W, W + block, or whole blocks that holds the span
             w, bl = self.window_width, self.block_length
-            self.width = w if span_n <= w else max(w + bl, -(-span_n // bl) * bl)
-        if self.reuse:
-            live_n, his, lens, bounds = (tuple(host[at:at + n]) for at in range(n_head, n_key + 3 * n, n))
-            # not before the prefill: it moved the cached lengths after they were read
-            self.layout_key = (self.width, self.needed, live_n, his, lens, bounds) if prefilled else None
-            self.cache_moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
-            s.window_ends = (min(his), max(his))
-        self.fresh = True
-        return True
+            width = w if span_n <= w else max(w + bl, -(-span_n // bl) * bl)
+        facts = StepFacts(read=True, post_max=post_max, post_any=post_any, width=width, needed=needed_n, live=keep)
+        if not self.reuse:
+            return facts
+        live_n, his, lens, bounds = (tuple(host[at:at + n]) for at in range(n_head, n_key + 3 * n, n))
+        # not right after the prefill: it moved the cached lengths after they were read
+        key = (width, needed_n, live_n, his, lens, bounds) if prefilled else None
+        moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
+        return replace(facts, window_ends=(min(his), max(his)), layout_key=key, cache_moves=moves)
+
+    def rows_tensor(self, keep: tuple[int, ...]) -> torch.Tensor:
+        """``keep`` as a long tensor on the decode's device, one per set of rows (a decode sees few)."""
+        out = self.row_sets.get(keep)
+        if out is None:
+            out = self.row_sets[keep] = torch.tensor(keep, dtype=torch.long, device=self.state.device)
+        return out
 
     def prefill(self, live: torch.Tensor, boundary: torch.Tensor, upto: int) -> None:
         """Write positions ``[0, boundary)`` of each live row into the KV cache in one eager forward
@@ -260,7 +261,7 @@ class StepEngine:
         return self.blocks.attention_groups(self.state, self.state.all_rows, self.canvas_pos)
 
     def run(self, segments: list[Segment], nfe_rows: torch.Tensor | None = None,
-            trim: bool = False) -> list[torch.Tensor]:
+            facts: StepFacts | None = None, saved: tuple[torch.Tensor, ...] = ()) -> list[torch.Tensor]:
         """THE forward of the engine: lay ``segments`` side by side (:func:`~dlm_toolkit.step.segments.layout`),
         add the KV-cache columns (cached keys each segment sees, the slots it writes), run the
         model through the runner of that width, time it, count it, and return each segment's
@@ -268,24 +269,25 @@ class StepEngine:
 
         Counters: one ``forward_calls``; every real slot of every segment in ``forward_tokens`` of
         its row; with ``nfe_rows`` ((N,) bool) the forward is also one NFE of those rows (``nfe``
-        and the per-block forward count ``block_step`` that the per-block bound checks). ``trim``
-        (the step forward of an eager decode that reads every step): only the rows live in the
-        read and the cache columns some row filled."""
+        and the per-block forward count ``block_step`` that the per-block bound checks). ``facts``
+        (the step forward of an eager decode that reads every step, ``self.trim``): only the rows
+        live in the read and the cache columns some row filled. ``saved``: the step forward's mask
+        with the cache columns, writes and tokens per row, of a step with the same layout key."""
         s = self.state
-        saved = self.saved_run if trim and self.hit else ()
-        self.hit = False
-        if saved:  # the step forward's layout of the previous step (__init__): the new ids only
+        trim = facts is not None and self.trim
+        if saved:  # precondition: the same layout key as the step that built it (window()): only the ids are new
             ids, pos = segments[0].ids, segments[0].pos
             with_cache, writes, tokens = saved
             args: tuple[torch.Tensor, ...] = (ids, pos, with_cache, writes)
         else:
-            args, tokens = self.arguments(segments, trim)
-            if trim and self.reuse and self.saved_key is not None:
-                self.saved_run = (args[2], args[3], tokens)
+            args, tokens = self.arguments(segments, facts.needed if trim and facts is not None else None)
+            if trim and self.reuse and self.saved.key is not None and self.saved.run is None:
+                self.saved.run = (args[2], args[3], tokens)
         run = self.runner(args[1].shape[1])
         t0 = perf_counter()
-        if trim and self.live_rows is not None and len(self.live_rows) < s.batch_size:
-            logits = self.forward_rows(self.live_rows, args)
+        keep = facts.live if trim and facts is not None else None
+        if keep is not None and len(keep) < s.batch_size:  # precondition: rows left out are not live (the read)
+            logits = self.forward_rows(self.rows_tensor(keep), args)
         else:
             logits = run(*args)
         s.model_time += perf_counter() - t0
@@ -298,16 +300,18 @@ class StepEngine:
             return [logits]
         return list(logits.split([seg.width for seg in segments], 1))
 
-    def arguments(self, segments: list[Segment], trim: bool) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def arguments(self, segments: list[Segment], needed: int | None = None
+                  ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """The model's arguments for a forward over ``segments`` (ids, positions, the attention mask
         with the KV-cache columns first, the cache writes; without the cache the first three) and
-        the real slots of each row (``forward_tokens``)."""
+        the real slots of each row (``forward_tokens``). ``needed`` (trim): the cache columns some
+        live row has filled (the read's), instead of all."""
         s = self.state
         ids, pos, allowed = layout(segments, self.eye(sum(seg.width for seg in segments)))
         real = torch.cat([seg.real for seg in segments], 1) if len(segments) > 1 else segments[0].real
         if self.cached:
             assert s.cache_len is not None
-            cols = self.needed if trim else self.length  # trimmed: only the columns some live row has filled
+            cols = self.length if needed is None else needed  # precondition: no live row's cache is longer
             in_cache = self.canvas_pos[:, :cols] < s.cache_len[:, None]
             seen = cache_seen(segments, in_cache, self.cache_groups()[:, :cols])
             args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), cache_writes(segments))
@@ -337,20 +341,22 @@ class StepEngine:
         return self.added.get(id(hook), [])
 
     # -- one step's forward -----------------------------------------------------------------
-    def window(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-               ) -> tuple[Segment, torch.Tensor, torch.Tensor | None]:
-        """The step's primary segment: the span of every row's window, as wide as the engine's
-        width; ``(segment, first, boundary)``: ``first`` (N, 1) the span's start (negative: left
-        padding), ``boundary`` (N,) the schedule's cache boundary (``None`` without the cache)."""
+    def window(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, facts: StepFacts | None = None,
+               hit: bool = False) -> tuple[Segment, torch.Tensor, torch.Tensor | None]:
+        """The step's primary segment: the span of every row's window, as wide as the read's width;
+        ``(segment, first, boundary)``: ``first`` (N, 1) the span's start (negative: left padding),
+        ``boundary`` (N,) the schedule's cache boundary (``None`` without the cache). ``hit``: the
+        saved layout has this step's layout key. A hook calls it without ``facts``: the window of
+        the step forward last run, laid out as on a step between reads (and saved under no key)."""
         s, blocks = self.state, self.blocks
-        self.hit = self.reuse and self.layout_key is not None and self.layout_key == self.saved_key
-        if self.hit:  # the same layout as the previous step forward (__init__): only the ids are new
-            self.fresh = False
-            pos, real, group, write, first = self.saved_window
+        if facts is None:
+            facts, hit = replace(self.last, read=False, layout_key=None), False
+        if hit:  # precondition: the same layout key (__init__): positions, real and written slots, groups
+            pos, real, group, write, first = self.saved.window
             boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
             return Segment(s.canvas.gather(1, pos), pos, real, group, write=write), first, boundary
-        fresh, self.fresh = self.fresh, False
-        width = self.width if fresh or not self.cached else max(self.width, self.window_width + self.block_length)
+        fresh = facts.read
+        width = facts.width if fresh or not self.cached else max(facts.width, self.window_width + self.block_length)
         if self.cached:  # the span ends at the window's end; before the cached length is padding
             assert s.cache_len is not None
             pos = hi[:, None] - width + self.arange(width)
@@ -362,8 +368,8 @@ class StepEngine:
             real = live[:, None] & (pos >= 0)
         else:  # the whole canvas; positions from the window's end on are padding
             pos = self.canvas_pos
-            if self.trim:  # up to the furthest window end (all later positions are padding)
-                width = max(1, min(self.length, -(-self.needed // self.block_length) * self.block_length))
+            if self.trim:  # precondition: no live row's window ends past ``needed`` (the read's max hi)
+                width = max(1, min(self.length, -(-facts.needed // self.block_length) * self.block_length))
                 pos = pos[:, :width]
             real = live[:, None] & (pos < hi[:, None])
         first = pos[:, :1]  # the span's start (may be negative: left padding)
@@ -379,7 +385,7 @@ class StepEngine:
             own = self.prefix_pattern(pos, real, hi, group)
         if self.reuse:
             assert write is not None and group is not None
-            self.saved_key, self.saved_window, self.saved_run = self.layout_key, (pos, real, group, write, first), ()
+            self.saved = SavedLayout(facts.layout_key, (pos, real, group, write, first))
         return Segment(s.canvas.gather(1, pos), pos, real, group, write=write, own=own), first, boundary
 
     def prefix_pattern(self, pos: torch.Tensor, real: torch.Tensor, hi: torch.Tensor,
@@ -401,20 +407,23 @@ class StepEngine:
             out = self.aranges[n] = torch.arange(n, device=self.state.device)
         return out
 
-    def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    def forward(self, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, facts: StepFacts) -> torch.Tensor:
         """Logits ``(N, W, V)`` of the window ``hi - W + [0, W)`` of every row (rows not live and
-        positions before ``lo`` are padding). The hooks' ``step_segments`` append their segments to
-        this forward; their logits are :meth:`segment_logits`."""
+        positions before ``lo`` are padding), laid out from this step's ``facts``. The hooks'
+        ``step_segments`` append their segments to this forward; their logits are :meth:`segment_logits`."""
         s = self.state
-        window, first, boundary = self.window(live, lo, hi)
+        # the layout of the last step that built one is this step's when the layout keys are equal
+        hit = self.reuse and facts.layout_key is not None and facts.layout_key == self.saved.key
+        self.last = facts
+        window, first, boundary = self.window(live, lo, hi, facts, hit)
         segments, owners = [window], []
         for hook, add in self.segment_hooks:
             who = hook_label(hook)
             added = [check(seg, s.batch_size, f"{who} (step_segments)") for seg in add(self, s, live, window)]
             segments += added
             owners.append((hook, len(added)))
-        logits = self.run(segments, trim=self.trim)
-        if boundary is not None and (self.cache_moves or not self.reuse):  # (reuse) the read saw whether it moves
+        logits = self.run(segments, facts=facts, saved=(self.saved.run or ()) if hit else ())
+        if boundary is not None and (facts.cache_moves or not self.reuse):  # (reuse) the read saw whether it moves
             assert s.cache_len is not None
             s.cache_len = torch.where(live, boundary, s.cache_len)
         self.added, at = {}, 1

@@ -16,8 +16,9 @@ The forwards themselves (shapes, attention patterns, the KV cache, the one host 
 
 from __future__ import annotations
 
+import inspect
 from time import perf_counter
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -26,7 +27,8 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.step.engine import CaptureMode, StepEngine, shared
-from dlm_toolkit.hooks.base import HookStages
+from dlm_toolkit.step.facts import StepFacts
+from dlm_toolkit.hooks.base import HookStages, run_stage
 from dlm_toolkit.strategy.policy import DecodingPolicy, StepChecks
 from dlm_toolkit.step.rule_capture import RuleRunners
 from dlm_toolkit.step.state import DecodeResult, DecodeState, row_seeds, validate_prompts
@@ -90,7 +92,7 @@ def decode(
         raise ConfigError(f"check_every: must be an integer in [1, 1024] (got {check_every!r})")
     validate_prompts(prompts, gen_length, model.mask_token_id, model.vocab_size)
     for hook in policy.hooks:
-        hook.check_model(model)
+        run_stage(hook, "check_model", hook.check_model, model)
     if not allow_past_context:
         origin, _, num = blocks.layout(torch.tensor([len(p) for p in prompts], device="cpu"), gen_length)
         check_context(model, int((origin + num * blocks.block_length).max()), blocks.block_length)
@@ -122,34 +124,51 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     rules_step = policy.step if mode == "eager" else RuleRunners(policy, mode, COMPILE_BACKEND, shared(model)).step
     trajectory = Trajectory(n_rows=n) if record else None
     checks = StepChecks(policy, policy.forward_limit())
+    prepare, finish_step = with_facts(blocks.prepare, 1), with_facts(blocks.finish_step, 2)
     start = perf_counter()
+    facts = StepFacts()  # what the host knows: the last read's facts, passed to every stage that uses them
     with torch.inference_mode():
         since_read = check_every
         while True:
-            live = blocks.prepare(state)
+            live = prepare(state, facts)
             lo, hi = blocks.window(state, state.all_rows)
             if since_read >= check_every:  # the one host read (module docstring)
-                if not engine.read(live, lo, hi, checks):
+                read = engine.read(live, lo, hi, checks)
+                if read is None:
                     break
-                since_read = 0
+                facts, since_read = read, 0
+            else:
+                facts = facts.later()
             since_read += 1
-            logits = engine.forward(live, lo, hi)  # (N, W, V)
+            logits = engine.forward(live, lo, hi, facts)  # (N, W, V)
             ctx = step_context(policy, state, live, lo, hi, logits)
             for after_forward in hooks.after_forward:
                 after_forward(ctx, engine, state)
             rules_step(ctx, state.memory)
             for after_rules in hooks.after_rules:
                 after_rules(ctx, engine, state)
-            write_step(state, ctx)
+            write_step(state, ctx, facts)
             for after_write in hooks.after_write:
                 after_write(ctx, state)
-            blocks.finish_step(state, ctx)
+            finish_step(state, ctx, facts)
             checks.add(ctx, state)
             if trajectory is not None:
                 trajectory.add(ctx, state)
     result = state.result(perf_counter() - start, n)
     result.trajectory = trajectory
     return result
+
+
+def with_facts(method: Callable[..., Any], before: int) -> Callable[..., Any]:
+    """``method`` (a block schedule's ``prepare`` or ``finish_step``) as a callable taking the step's
+    facts after its ``before`` arguments; a plug-in schedule written before the facts existed (no
+    parameter for them) is called without them."""
+    try:
+        params = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: trust it takes them
+        return method
+    takes = any(p.kind == p.VAR_POSITIONAL for p in params) or len(params) > before
+    return method if takes else lambda *args: method(*args[:before])
 
 
 def bucket(n: int) -> int:

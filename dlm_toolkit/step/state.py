@@ -67,16 +67,6 @@ class DecodeState:
     counts: torch.Tensor = None  # type: ignore[assignment]  # (N, len(COUNTERS)) long
     forward_calls: int = 0
     model_time: float = 0.0
-    # host-known upper bound of ``post`` over the rows not done (None: unknown). ``DecodeState.start``
-    # sets 0, a block schedule's ``prepare`` adds the most it can add, the engine's read sets the value
-    # it read; a schedule may then skip work that only a row past a bound would need.
-    post_bound: int | None = None
-    # set by the engine's read (with ``post_bound``): whether some live row began this step with no mask
-    # in its active block (a post step); None where not read this step. ``finish_step`` consumes it.
-    post_any: bool | None = None
-    # set by the engine's read where it reads every row's window end (the layout reuse): (min, max) of
-    # this step's ``hi`` over every row; None where not read this step. ``write_step`` consumes it.
-    window_ends: tuple[int, int] | None = None
     # per-decode constants the step reads many times (built once: each arange is one more small op per call)
     _rows: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _offsets: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -140,7 +130,6 @@ class DecodeState:
             written_conf=torch.zeros(n, lmax, device=device),
         )
         state.counts = torch.zeros(n, len(COUNTERS), dtype=torch.long, device=device)
-        state.post_bound = 0
         state.block_masked_start = state.masked_in_block(state.all_rows)
         state.block_masked = state.block_masked_start.clone()
         return state

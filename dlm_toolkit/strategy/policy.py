@@ -8,7 +8,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, FlagTable, NonFiniteLogitsError, StrategyError, board, declare
-from dlm_toolkit.hooks.base import StepHook, collect, declared_outputs
+from dlm_toolkit.hooks.base import StepHook, collect, declared_outputs, overrides, run_stage
 from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.strategy.registry import REGISTRIES
 from dlm_toolkit.strategy.selection import remaskable
@@ -53,7 +53,8 @@ def check_budgets(policy: DecodingPolicy) -> None:
         raise ConfigError(f"blocks rule '{blocks.name}': window_width() = {width!r}: must be an integer in [1, {1 << 20}]")
     cap = forward_budget_cap(width)
     budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block)]
-    budgets += [(hook_label(hook), hook.budget_source(policy), lambda hook=hook: hook.forward_budget(policy))
+    budgets += [(hook_label(hook), hook.budget_source(policy),
+                 lambda hook=hook: run_stage(hook, "forward_budget", hook.forward_budget, policy))
                 for hook in policy.hooks]
     for who, field, declared in budgets:
         value = declared()
@@ -85,7 +86,8 @@ class DecodingPolicy:
 
     def forward_limit(self) -> int:
         """Forwards one block may take: the block schedule's bound plus what each hook adds."""
-        return self.blocks.max_forwards_per_block() + sum(h.forward_budget(self) for h in self.hooks)
+        return self.blocks.max_forwards_per_block() + sum(run_stage(h, "forward_budget", h.forward_budget, self)
+                                                          for h in self.hooks)
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)
@@ -256,10 +258,17 @@ def _limit(hit: FlagHit) -> str:
 
 
 def _finite(hit: FlagHit) -> str:
-    _, ctx, r = _ctx_row(hit)
-    return (f"non-finite logits from the model in forward {int(ctx.step[r]) + 1} of batch row {hit.row} "
-            f"(positions {ctx.positions[r][~torch.isfinite(ctx.confidence[r]) & ctx.valid[r]].tolist()[:8]}): "
-            "check the weights (load_model(..., check_finite=True)) and the dtype")
+    checks, ctx, r = _ctx_row(hit)
+    where = (f"in forward {int(ctx.step[r]) + 1} of batch row {hit.row} "
+             f"(positions {ctx.positions[r][~torch.isfinite(ctx.confidence[r]) & ctx.valid[r]].tolist()[:8]})")
+    # a hook that ran on the step's context before the rules may have put them there, not the model
+    hooks = [hook_label(h) for h in checks.policy.hooks if overrides(h, "after_forward") or overrides(h, "after_rules")]
+    if hooks:
+        return (f"non-finite logits or confidences {where}, after {', '.join(hooks)} ran on the step's context "
+                "(after_forward / after_rules): check that hook first, then the weights (load_model(..., "
+                "check_finite=True)) and the dtype")
+    return (f"non-finite logits from the model {where}: check the weights (load_model(..., check_finite=True)) "
+            "and the dtype")
 
 
 CHECKS = (  # StepChecks.NAMES as device flags, in that order

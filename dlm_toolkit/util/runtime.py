@@ -101,9 +101,12 @@ def threads_scope(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# parameters up to which a model is small: load_model builds it in place (not on the meta device), and
+# is_small says so (here, below the models that use it: util imports no model)
+SMALL_MODEL_NUMEL = 1 << 24
+
+
 def is_small(model: object) -> bool:
     """A model of at most ``SMALL_MODEL_NUMEL`` parameters (scripted models without any are small)."""
-    from dlm_toolkit.models.checkpoint import SMALL_MODEL_NUMEL
-
     parameters = getattr(model, "parameters", None)
     return (sum(p.numel() for p in parameters()) if callable(parameters) else 0) <= SMALL_MODEL_NUMEL
