@@ -32,16 +32,17 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor):
         """x (N, H) -> router logits (N, E), chosen experts (N, K) by biased score descending,
         their weights (N, K) float32."""
-        logits = F.linear(x.float(), self.weight)  # (N, E)
+        logits = F.linear(x if x.dtype == torch.float32 else x.float(), self.weight)  # (N, E)
         scores = logits.sigmoid()
         biased = scores + self.expert_bias  # the bias steers selection only, never the weights
         N, E = biased.shape
-        grouped = biased.view(N, self.n_group, E // self.n_group)  # (N, G, E/G)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
-        keep = group_scores.topk(self.topk_group, dim=-1).indices  # (N, kg)
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-        candidates = biased.masked_fill(~group_mask[..., None].expand_as(grouped).reshape(N, E), float("-inf"))
-        idx = candidates.topk(self.k, dim=-1).indices  # (N, K), sorted by biased score
+        if self.topk_group < self.n_group:  # else every group is kept: the group step selects nothing
+            grouped = biased.view(N, self.n_group, E // self.n_group)  # (N, G, E/G)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+            keep = group_scores.topk(self.topk_group, dim=-1).indices  # (N, kg)
+            dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)  # (N, G)
+            biased = grouped.masked_fill(dropped[..., None], float("-inf")).view(N, E)
+        idx = biased.topk(self.k, dim=-1).indices  # (N, K), sorted by biased score
         weight = scores.gather(1, idx)
         if self.k > 1:  # norm_topk_prob: the reference renormalises only when several are chosen
             weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
@@ -147,7 +148,7 @@ class Experts(nn.Module):
         loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
         N, K = idx.shape
         H = x.shape[1]
-        slot = idx - self.first  # (N, K) local expert index
+        slot = idx - self.first if self.first else idx  # (N, K) local expert index
         if sharded:  # pairs of other ranks' experts sort last, past the final offset (never computed)
             mine = (slot >= 0) & (slot < self.count)
             slot = torch.where(mine, slot, self.count)
@@ -157,15 +158,18 @@ class Experts(nn.Module):
         offs = torch.searchsorted(flat[order], ends, out_int32=True)  # end of each expert's rows
         token = order // K
         align = 16 // x.element_size()
-        xs = _aligned(x[token], align)  # (N*K, H') expert-contiguous inputs
+        xs = _aligned(x.index_select(0, token), align)  # (N*K, H') expert-contiguous inputs
         gate = _grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs)  # (N*K, I')
         up = _grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs)
         down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
-        out = _grouped_mm(F.silu(gate) * up, down, offs)[:, :H]
-        out = out * weight.flatten()[order, None].to(x.dtype)
+        out = _grouped_mm(F.silu(gate) * up, down, offs)
+        if out.shape[1] != H:
+            out = out[:, :H]
+        pair_weight = weight.flatten().index_select(0, order)[:, None]
+        out = out * (pair_weight if x.dtype == torch.float32 else pair_weight.to(x.dtype))
         if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
             out = torch.where(mine.flatten()[order, None], out, 0.0)
-        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu")
+        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu", token=token)
 
     def _reference(self, x, idx, weight) -> torch.Tensor:
         """The per-expert path the grouped one is tested against: sort pairs by expert, then one
@@ -187,17 +191,18 @@ class Experts(nn.Module):
         return y
 
 
-def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool) -> torch.Tensor:
+def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool,
+                  token: torch.Tensor | None = None) -> torch.Tensor:
     """Sum the expert outputs ``out`` (N*K, H) of the pairs ``order`` (sorted pair ids) per token.
 
     ``fixed_order``: gather back to (token, k) order and sum over k, the same bits on every run
     (a GPU's ``index_add_`` adds with atomics in any order); else ``index_add_`` in place (on a
     CPU it is deterministic and avoids a large fresh buffer, whose page faults cost more than
-    the sum)."""
+    the sum). ``token``: ``order // K`` where the caller has it already."""
     N, H = out.shape[0] // K, out.shape[1]
     if fixed_order:
         return out[order.argsort()].view(N, K, H).sum(1)
-    return out.new_zeros(N, H).index_add_(0, order // K, out)
+    return out.new_zeros(N, H).index_add_(0, order // K if token is None else token, out)
 
 
 def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
