@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dlm_toolkit.models.llada2 import Attention, LLaDA2MoeModelLM, Rope, Router, apply_partial_rope, rope_cos_sin
+from dlm_toolkit.models.llada2 import Attention, Experts, Rope, Router, apply_partial_rope, rope_cos_sin
 from dlm_toolkit.testing import tiny_llada2_config
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -140,7 +140,7 @@ def reference_router(router: Router, x: torch.Tensor, G: int, kg: int, K: int, s
     return idx, weight
 
 
-@pytest.mark.parametrize("topk_group", [1, 2, 4])  # 4 of 4: every group kept, the group step is skipped
+@pytest.mark.parametrize("topk_group", [1, 2, 3, 4])  # 4 of 4: every group kept, the group step is skipped
 def test_router_equals_the_design_formula(topk_group):
     cfg = tiny_llada2_config(num_experts=16, num_experts_per_tok=3, n_group=4, topk_group=topk_group)
     router = Router(cfg)
@@ -163,3 +163,25 @@ def test_router_group_limit_binds():
     x = torch.randn(40, cfg.hidden_size, generator=gen(13))
     logits, idx, _ = router(x)
     assert not torch.equal(idx, logits.sigmoid().topk(3, dim=-1).indices)
+
+
+@pytest.mark.parametrize("hidden,inner", [(32, 16), (256, 128), (36, 10)])  # 36/10: padded to the alignment
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+@torch.no_grad()
+def test_grouped_experts_with_gate_and_up_stacked_equal_two_grouped_gemms(hidden, inner, tokens):
+    """One grouped GEMM over the stacked gate/up rows gives the bits of a grouped GEMM each (silu
+    on a contiguous copy of the gate columns: on a strided view it rounds differently)."""
+    from dlm_toolkit.models.moe import _aligned, combine_pairs
+
+    experts = Experts(8, hidden, inner, torch.float32)
+    x = torch.randn(tokens, hidden, generator=gen(20))
+    idx = torch.randint(0, 8, (tokens, 3), generator=gen(21))
+    weight = torch.rand(tokens, 3, generator=gen(22))
+    order = idx.flatten().argsort(stable=True)
+    offs = torch.searchsorted(idx.flatten()[order], torch.arange(1, 9), out_int32=True)
+    xs = _aligned(x[order // 3], 4)
+    gate, up = (F.grouped_mm(xs, _aligned(w, 4, 2).transpose(-2, -1), offs=offs)
+                for w in (experts.gate_proj.contiguous(), experts.up_proj.contiguous()))
+    out = F.grouped_mm(F.silu(gate) * up, _aligned(experts.down_proj, 4, 2).transpose(-2, -1), offs=offs)[:, :hidden]
+    want = combine_pairs(out * weight.flatten()[order, None], order, 3, fixed_order=False)
+    assert torch.equal(experts(x, idx, weight, "grouped"), want)

@@ -97,8 +97,11 @@ def _aligned(t: torch.Tensor, align: int, dims: int = 1) -> torch.Tensor:
 
 
 class Experts(nn.Module):
-    """The routed experts of one MoE layer, stacked: ``gate_proj``/``up_proj`` (E, I, H) and
-    ``down_proj`` (E, H, I), ``nn.Linear`` layout per expert. Holds experts ``first ..
+    """The routed experts of one MoE layer, stacked: ``gate_up_proj`` (E, 2I, H), each expert's
+    gate rows then its up rows (``gate_proj``/``up_proj`` (E, I, H) are views of it), and
+    ``down_proj`` (E, H, I), ``nn.Linear`` layout per expert. Gate and up stacked per expert make
+    one grouped GEMM of both (one call and one loop over experts fewer per layer; each output
+    column is the same dot product, so the same bits). Holds experts ``first ..
     first + count - 1`` of the layer (all of them on one device, a range per rank under expert
     parallelism).
 
@@ -109,13 +112,22 @@ class Experts(nn.Module):
 
     def __init__(self, count: int, hidden: int, inner: int, dtype: torch.dtype, first: int = 0):
         super().__init__()
-        self.first, self.count = first, count
+        self.first, self.count, self.inner = first, count, inner
         bound_in, bound_inner = hidden ** -0.5, inner ** -0.5  # nn.Linear's default init bounds
-        self.gate_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
-        self.up_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        self.gate_up_proj = nn.Parameter(torch.empty(count, 2 * inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
         self.down_proj = nn.Parameter(torch.empty(count, hidden, inner, dtype=dtype).uniform_(-bound_inner, bound_inner))
         self.register_state_dict_post_hook(_unstack_experts)
         self.register_load_state_dict_pre_hook(_stack_experts)
+
+    @property
+    def gate_proj(self) -> torch.Tensor:
+        """(E, I, H) view of the gate rows of ``gate_up_proj``."""
+        return self.gate_up_proj[:, :self.inner]
+
+    @property
+    def up_proj(self) -> torch.Tensor:
+        """(E, I, H) view of the up rows of ``gate_up_proj``."""
+        return self.gate_up_proj[:, self.inner:]
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, impl: MoEImpl = "grouped",
                 sharded: bool = False) -> torch.Tensor:
@@ -159,10 +171,16 @@ class Experts(nn.Module):
         token = order // K
         align = 16 // x.element_size()
         xs = _aligned(x.index_select(0, token), align)  # (N*K, H') expert-contiguous inputs
-        gate = _grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs)  # (N*K, I')
-        up = _grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs)
+        gate_up = self.gate_up_proj
+        if self.inner % align or H % align:  # pad each half, so the gate columns come out as the separate GEMM's
+            gate_up = _aligned(gate_up.view(self.count, 2, self.inner, H), align, 2).flatten(1, 2)
+        inner = gate_up.shape[1] // 2  # I' (padded)
+        gate_up = _grouped_mm(xs, gate_up.transpose(-2, -1), offs)  # (N*K, 2I')
+        # silu on a contiguous (N*K, I') copy of the gate columns, the shape the separate gate GEMM
+        # gave: silu rounds a value differently in its vector loop and its tail or strided loop
+        h = F.silu(gate_up[:, :inner].contiguous()) * gate_up[:, inner:]  # (N*K, I')
         down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
-        out = _grouped_mm(F.silu(gate) * up, down, offs)
+        out = _grouped_mm(h, down, offs)
         if out.shape[1] != H:
             out = out[:, :H]
         pair_weight = weight.flatten().index_select(0, order)[:, None]
@@ -206,7 +224,9 @@ def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: b
 
 
 def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    stacks = {name: state_dict.pop(prefix + name) for name in PROJECTIONS}
+    gate_up = state_dict.pop(prefix + "gate_up_proj")
+    stacks = {"gate_proj": gate_up[:, :module.inner], "up_proj": gate_up[:, module.inner:],
+              "down_proj": state_dict.pop(prefix + "down_proj")}
     for i in range(module.count):
         for name in PROJECTIONS:
             state_dict[f"{prefix}{module.first + i}.{name}.weight"] = stacks[name][i]
@@ -214,10 +234,13 @@ def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metad
 
 def _stack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
                    missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
-    for name in PROJECTIONS:
-        keys = [f"{prefix}{module.first + i}.{name}.weight" for i in range(module.count)]
-        if all(k in state_dict for k in keys):  # otherwise the missing stack is reported as usual
-            state_dict[prefix + name] = torch.stack([state_dict.pop(k) for k in keys])
+    keys = {name: [f"{prefix}{module.first + i}.{name}.weight" for i in range(module.count)] for name in PROJECTIONS}
+    # a stack whose experts are not all there is left out and reported missing as usual
+    if all(k in state_dict for k in keys["gate_proj"] + keys["up_proj"]):
+        gate, up = (torch.stack([state_dict.pop(k) for k in keys[name]]) for name in ("gate_proj", "up_proj"))
+        state_dict[prefix + "gate_up_proj"] = torch.cat([gate, up], 1)
+    if all(k in state_dict for k in keys["down_proj"]):
+        state_dict[prefix + "down_proj"] = torch.stack([state_dict.pop(k) for k in keys["down_proj"]])
 
 
 class MoE(nn.Module):
