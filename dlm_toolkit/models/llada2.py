@@ -101,7 +101,7 @@ class LLaDA2MoeModelLM(nn.Module):
         self.set_moe_impl(moe_impl)
 
     def set_moe_impl(self, impl: MoEImpl) -> LLaDA2MoeModelLM:
-        """Run every MoE layer with ``"grouped"`` (one grouped GEMM per projection) or
+        """Run every MoE layer with ``"grouped"`` (one grouped GEMM for gate and up, one for down) or
         ``"reference"`` (a matmul chain per active expert); both give the same result."""
         if impl not in ("grouped", "reference"):
             raise ValueError(f"moe_impl: must be 'grouped' or 'reference', got {impl!r}")

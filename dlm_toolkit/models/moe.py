@@ -1,6 +1,6 @@
 """The LLaDA2 mixture of experts: sigmoid router with group-limited top-k, the routed experts stacked
-per layer and run by one grouped GEMM per projection (or the per-expert reference path), and the
-always-on shared expert.
+per layer and run by two grouped GEMMs, gate and up together then down (or the per-expert reference
+path), and the always-on shared expert.
 
 Shapes: N tokens, H hidden, E experts, K experts per token, I expert width.
 """
@@ -114,7 +114,8 @@ class Experts(nn.Module):
         super().__init__()
         self.first, self.count, self.inner = first, count, inner
         bound_in, bound_inner = hidden ** -0.5, inner ** -0.5  # nn.Linear's default init bounds
-        self.gate_up_proj = nn.Parameter(torch.empty(count, 2 * inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        gate_up = torch.empty(count, 2 * inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in)
+        self.gate_up_proj = nn.Parameter(gate_up)
         self.down_proj = nn.Parameter(torch.empty(count, hidden, inner, dtype=dtype).uniform_(-bound_inner, bound_inner))
         self.register_state_dict_post_hook(_unstack_experts)
         self.register_load_state_dict_pre_hook(_stack_experts)
@@ -156,8 +157,8 @@ class Experts(nn.Module):
         return y
 
     def _grouped(self, x, idx, weight, sharded: bool) -> torch.Tensor:
-        """One grouped GEMM per projection over the (token, expert) pairs sorted by expert. No
-        loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
+        """One grouped GEMM for gate and up (stacked per expert), one for down, over the (token, expert)
+        pairs sorted by expert. No loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
         N, K = idx.shape
         H = x.shape[1]
         slot = idx - self.first if self.first else idx  # (N, K) local expert index
@@ -246,7 +247,7 @@ def _stack_experts(module: Experts, state_dict: dict, prefix: str, local_metadat
 class MoE(nn.Module):
     """Routed experts (stacked, see :class:`Experts`) plus an always-on shared expert.
 
-    ``impl``: ``"grouped"`` (default; one grouped GEMM per projection where the kernel exists,
+    ``impl``: ``"grouped"`` (default; two grouped GEMMs, gate+up and down, where the kernel exists,
     see :func:`grouped_mm_supported`, else the reference, or inside a capture the dense path
     :meth:`Experts._dense`, which reads nothing back to the host) or ``"reference"`` (one matmul chain
     per active expert, after a host sync). Under expert parallelism the router runs on every
