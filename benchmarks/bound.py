@@ -52,7 +52,7 @@ def weight_bytes(model: LLaDA2MoeModelLM, hit: list[int], tokens: int) -> dict[s
     if len(hit) != len(moes):
         raise ValueError(f"hit: one count per MoE layer ({len(moes)}), got {len(hit)}")
     table = model.model.word_embeddings.weight
-    routed = {id(p) for m in moes for p in (m.experts.gate_proj, m.experts.up_proj, m.experts.down_proj)}
+    routed = {id(p) for m in moes for p in m.experts.parameters()}
     tensors = [*model.parameters(), *model.buffers()]
     dense = sum(t.numel() * t.element_size() for t in tensors if id(t) not in routed and t is not table)
     per_expert = [sum(p[0].numel() * p.element_size() for p in (m.experts.gate_proj, m.experts.up_proj,

@@ -14,7 +14,7 @@ from tp_worker import DLM, TORCHRUN, run_bounded
 
 from dlm_toolkit.util.distributed import init_from_env, is_main_process
 from dlm_toolkit.models import CheckpointError, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
-from dlm_toolkit.models.llada2 import rope_cos_sin
+from dlm_toolkit.models.llada2 import Rope
 from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_rank_shards_sum_to_the_whole_sublayers(tmp_path, world, dtype):
     assert all(s.model.layers[0].attention.nkv == 1 and s.model.layers[0].attention.nq == 8 // world for s in shards)
     x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
     pos = torch.arange(6).expand(2, 6)
-    cos, sin = rope_cos_sin(pos, full.config.rotary_dim, full.config.rope_theta, dtype)
+    rope = Rope.build(pos, full.config.rotary_dim, full.config.head_dim, full.config.rope_theta, dtype)
     mask = (torch.arange(6)[None, :] // 3 <= torch.arange(6)[:, None] // 3).expand(2, 1, 6, 6)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
 
@@ -85,7 +85,7 @@ def test_rank_shards_sum_to_the_whole_sublayers(tmp_path, world, dtype):
     for layer in range(2):
         whole = full.model.layers[layer]
         parts = [s.model.layers[layer] for s in shards]
-        assert close([p.attention(x, cos, sin, mask) for p in parts], whole.attention(x, cos, sin, mask))
+        assert close([p.attention(x, rope, mask) for p in parts], whole.attention(x, rope, mask))
         if layer == 0:
             assert close([p.mlp(x) for p in parts], whole.mlp(x))
         else:

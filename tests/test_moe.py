@@ -104,7 +104,8 @@ def test_whole_model_same_routing_and_logits(dtype):
     assert (lg - lr).abs().max() < tol * lr.abs().max()
 
 
-def test_grouped_path_is_three_grouped_gemms_without_host_sync(monkeypatch):
+def test_grouped_path_is_two_grouped_gemms_without_host_sync(monkeypatch):
+    """Gate and up stacked per expert: one grouped GEMM for both, one for down."""
     model, moe = random_moe((32, 16, 16, 4, 4, 2), seed=3)
     calls = []
     real = F.grouped_mm
@@ -113,10 +114,10 @@ def test_grouped_path_is_three_grouped_gemms_without_host_sync(monkeypatch):
     _, idx, weight = moe.gate(x)
     with torch.no_grad(), HostSyncs() as syncs:
         moe.experts(x, idx, weight, "grouped")
-    assert len(calls) == 3 and syncs.count == 0
+    assert calls == [(16, 32, 32), (16, 16, 32)] and syncs.count == 0  # (E, H, 2I) then (E, I, H)
     with torch.no_grad(), HostSyncs() as syncs:
         moe.experts(x, idx, weight, "reference")
-    assert len(calls) == 3 and syncs.count > 0  # the reference reads the counts on the host
+    assert len(calls) == 2 and syncs.count > 0  # the reference reads the counts on the host
 
 
 def test_both_combine_orders_sum_each_tokens_pairs():
@@ -196,7 +197,7 @@ def test_load_state_dict_stacks_and_reports_missing_experts():
     assert torch.equal(model.model.layers[1].mlp.experts.up_proj[5], source.state_dict()["model.layers.1.mlp.experts.5.up_proj.weight"])
     partial = source.state_dict()
     del partial["model.layers.1.mlp.experts.3.gate_proj.weight"]
-    with pytest.raises(RuntimeError, match="experts.gate_proj"):
+    with pytest.raises(RuntimeError, match="experts.gate_up_proj"):
         model.load_state_dict(partial)
 
 

@@ -41,7 +41,9 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(position_ids: torch.Tensor, rot_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin tables for absolute positions, built per call (no buffers, so meta-device init works)."""
+    """cos/sin tables (B, 1, T, R) for absolute positions, built per call (no buffers, so a meta-device
+    init works): the form :func:`apply_partial_rope` reads; the model runs :class:`Rope`, built from
+    these."""
     inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=position_ids.device) / rot_dim)
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, R/2)
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, R): NeoX layout, halves repeat
@@ -49,12 +51,49 @@ def rope_cos_sin(position_ids: torch.Tensor, rot_dim: int, theta: float, dtype: 
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the first R dims of each head; the remaining D - R dims pass through."""
+    """Rotate-half RoPE on the first R dims of each head; the remaining D - R dims pass through.
+    The op-by-op reference :meth:`Rope.apply` is tested against."""
     rot_dim = cos.shape[-1]
     x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]  # (B, h, T, R), (B, h, T, D-R)
     x1, x2 = x_rot.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Partial rotate-half RoPE over whole heads, as three elementwise ops and one gather:
+    ``x * cos + x[..., perm] * sin`` with tables (B, 1, T, D) built once per forward.
+
+    On the first R dims ``perm`` swaps the halves and ``sin`` carries the rotate-half sign, so each
+    value is computed as :func:`apply_partial_rope` computes it (``x2 * -s == -x2 * s`` exactly);
+    on the D - R pass-through dims ``cos`` is 1 and ``sin`` 0, and ``x * 1 + x * 0 == x`` for
+    every finite x. Same bits as the reference, about a third of its ops.
+    """
+
+    cos: torch.Tensor  # (B, 1, T, D)
+    sin: torch.Tensor  # (B, 1, T, D)
+    perm: torch.Tensor  # (D,) long
+
+    @classmethod
+    def build(cls, position_ids: torch.Tensor, rot_dim: int, head_dim: int, theta: float,
+              dtype: torch.dtype) -> Rope:
+        # cos/sin on the (B, T, R) tensor exactly as rope_cos_sin: a vectorised cos may round an
+        # element differently from the scalar tail loop, so the table's layout stays the same.
+        cos, sin = rope_cos_sin(position_ids, rot_dim, theta, dtype)
+        half, rest = rot_dim // 2, head_dim - rot_dim
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], -1)
+        if rest:
+            cos = torch.cat([cos, cos.new_ones(cos.shape[:-1] + (rest,))], -1)
+            sin = torch.cat([sin, sin.new_zeros(sin.shape[:-1] + (rest,))], -1)
+        # [R/2 .. R-1, 0 .. R/2-1, R .. D-1], built on the device (no host-made tensor: capturable)
+        dims = torch.arange(head_dim, device=position_ids.device)
+        perm = torch.where(dims < rot_dim, (dims + half) % rot_dim, dims)
+        return cls(cos, sin, perm)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, h, T, D) -> x with RoPE applied to the first R dims of every head."""
+        return x * self.cos + x.index_select(-1, self.perm) * self.sin
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,32 +147,48 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, dtype)
         self.dense = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False, dtype=dtype)
 
-    def forward(self, x, cos, sin, mask, cache_kv=None, cache_rows=None, write_pos=None, no_keys=None):
-        """x (B, T, H); mask (B, 1, T, S+T) bool; cache_kv = (K, V) of one layer or None;
+    def forward(self, x, rope: Rope, mask, cache_kv=None, cache_rows=None, write_pos=None, no_keys=None):
+        """x (B, T, H); rope: the forward's :class:`Rope` tables; mask (B, 1, T, S+T): bool (True =
+        may attend) or its additive float form (0 / -inf, the query dtype; the model converts once
+        per forward what SDPA would convert in every layer); cache_kv = (K, V) of one layer or None;
         no_keys (B, 1, T, 1) bool: queries the mask lets see nothing (computed from ``mask`` when
         None; the model computes it once per forward for all layers);
         cache_rows (B,) long; write_pos (B, T) long: the cache position each window entry is
         stored at (the spare slot for entries not stored, see :class:`KVCache`), or None."""
         B, T, _ = x.shape
-        qkv = self.query_key_value(x).view(B, T, self.nq + 2 * self.nkv, self.hd).transpose(1, 2)
-        q, k, v = qkv.split([self.nq, self.nkv, self.nkv], dim=1)  # (B, nq|nkv|nkv, T, D)
-        q = apply_partial_rope(self.query_layernorm(q), cos, sin)
-        k = apply_partial_rope(self.key_layernorm(k), cos, sin)
+        nq, nkv = self.nq, self.nkv
+        qkv = self.query_key_value(x).view(B, T, nq + 2 * nkv, self.hd).transpose(1, 2)  # (B, heads, T, D)
+        qk = rope.apply(self.qk_norm(qkv[:, :nq + nkv]))  # q and k heads normed and rotated together
+        q, k = qk.split([nq, nkv], dim=1)  # (B, nq|nkv, T, D)
+        v = qkv[:, nq + nkv:]
         S = mask.shape[-1] - T
-        if S:  # keys = cached prefix 0..S-1, then the window
-            k_all = torch.cat([cache_kv[0][cache_rows, :, :S], k], dim=2)  # (B, nkv, S+T, D)
-            v_all = torch.cat([cache_kv[1][cache_rows, :, :S], v], dim=2)
+        if S:  # keys = cached prefix 0..S-1 of each row's cache row, then the window
+            k_all = torch.cat([cache_kv[0][:, :, :S].index_select(0, cache_rows), k], dim=2)  # (B, nkv, S+T, D)
+            v_all = torch.cat([cache_kv[1][:, :, :S].index_select(0, cache_rows), v], dim=2)
         else:
             k_all, v_all = k, v
         out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)  # (B, nq, T, D)
         # A query with no allowed key (padding) gives NaN on some backends; NaN values would leak
         # into other rows through 0 * NaN in later layers, so such rows output exactly zero.
-        out = out.masked_fill(~mask.any(-1, keepdim=True) if no_keys is None else no_keys, 0.0)
+        if no_keys is None:
+            no_keys = ~mask.any(-1, keepdim=True) if mask.dtype == torch.bool else mask.isneginf().all(-1, keepdim=True)
+        out = out.masked_fill(no_keys, 0.0)
         if write_pos is not None:  # after the read above: the window's own keys come from k, v
             rows = cache_rows[:, None].expand(B, T)
             cache_kv[0][rows, :, write_pos] = k.transpose(1, 2)  # (B, T, nkv, D) at (row, :, pos)
             cache_kv[1][rows, :, write_pos] = v.transpose(1, 2)
-        return self.dense(out.transpose(1, 2).reshape(B, T, self.nq * self.hd))
+        return self.dense(out.transpose(1, 2).reshape(B, T, nq * self.hd))
+
+    def qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
+        """``query_layernorm`` on the first ``nq`` heads of qk (B, nq + nkv, T, D) and
+        ``key_layernorm`` on the rest, as one norm without weight times a per-head weight table
+        (the fused kernel computes ``(x * rstd) * w``, so the bits equal two weighted norms)."""
+        qn, kn = self.query_layernorm, self.key_layernorm
+        D = qk.shape[-1]
+        w = torch.cat([qn.weight.expand(self.nq, D), kn.weight.expand(self.nkv, D)])[:, None]  # (heads, 1, D)
+        if qk.dtype == torch.float32 and w.dtype == torch.float32:
+            return F.rms_norm(qk, (D,), None, qn.eps) * w
+        return (F.rms_norm(qk.float(), (D,), None, qn.eps) * w.float()).to(qk.dtype)
 
 
 class MLP(nn.Module):

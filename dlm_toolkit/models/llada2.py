@@ -20,13 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import MLP, Attention, KVCache, RMSNorm, apply_partial_rope, rope_cos_sin
+from .layers import MLP, Attention, KVCache, RMSNorm, Rope, apply_partial_rope, rope_cos_sin
 from .llada2_config import OFFICIAL_CONFIG_DEFAULTS, SINGLE, LLaDA2Config, TensorParallel, shard_problems
 from .moe import PROJECTIONS, Experts, MoE, MoEImpl, Router, combine_pairs, grouped_mm_supported
 
 __all__ = [
     "OFFICIAL_CONFIG_DEFAULTS", "PROJECTIONS", "SINGLE", "Attention", "DecoderLayer", "Experts", "KVCache",
-    "LLaDA2Backbone", "LLaDA2Config", "LLaDA2MoeModelLM", "MLP", "MoE", "MoEImpl", "RMSNorm", "Router",
+    "LLaDA2Backbone", "LLaDA2Config", "LLaDA2MoeModelLM", "MLP", "MoE", "MoEImpl", "RMSNorm", "Rope", "Router",
     "TensorParallel", "apply_partial_rope", "combine_pairs", "grouped_mm_supported", "rope_cos_sin",
     "shard_problems",
 ]
@@ -46,8 +46,8 @@ class DecoderLayer(nn.Module):
         dense = layer < cfg.first_k_dense_replace
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size // tp.world, dtype) if dense else MoE(cfg, dtype, tp)
 
-    def forward(self, h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace, no_keys=None):
-        attn = self.attention(self.input_layernorm(h), cos, sin, mask, cache_kv, cache_rows, write_pos, no_keys)
+    def forward(self, h, rope, mask, cache_kv, cache_rows, write_pos, trace, no_keys=None):
+        attn = self.attention(self.input_layernorm(h), rope, mask, cache_kv, cache_rows, write_pos, no_keys)
         h = h + self.tp.all_reduce(attn)
         x = self.post_attention_layernorm(h)
         mlp = self.mlp(x, trace, self.layer) if isinstance(self.mlp, MoE) else self.mlp(x)
@@ -101,7 +101,7 @@ class LLaDA2MoeModelLM(nn.Module):
         self.set_moe_impl(moe_impl)
 
     def set_moe_impl(self, impl: MoEImpl) -> LLaDA2MoeModelLM:
-        """Run every MoE layer with ``"grouped"`` (one grouped GEMM per projection) or
+        """Run every MoE layer with ``"grouped"`` (one grouped GEMM for gate and up, one for down) or
         ``"reference"`` (a matmul chain per active expert); both give the same result."""
         if impl not in ("grouped", "reference"):
             raise ValueError(f"moe_impl: must be 'grouped' or 'reference', got {impl!r}")
@@ -189,15 +189,18 @@ class LLaDA2MoeModelLM(nn.Module):
         # Entries not written go to the cache's spare slot: a fixed-shape write, no host read.
         write_pos = None if cache_write is None else torch.where(cache_write, position_ids, cache.max_length)
         trace = {} if return_intermediates else None
-        cos, sin = rope_cos_sin(position_ids, self.config.rotary_dim, self.config.rope_theta, self.dtype)
-        mask = attn_mask[:, None]  # (B, 1, T, S+T), broadcast over heads
-        no_keys = ~mask.any(-1, keepdim=True)  # (B, 1, T, 1) padding queries, once for all layers
+        cfg = self.config
+        rope = Rope.build(position_ids, cfg.rotary_dim, cfg.head_dim, cfg.rope_theta, self.dtype)
+        allowed = attn_mask[:, None]  # (B, 1, T, S+T), broadcast over heads
+        no_keys = ~allowed.any(-1, keepdim=True)  # (B, 1, T, 1) padding queries, once for all layers
+        # the additive form SDPA would build from the bool mask in every layer (same values: 0 / -inf)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
         h = self.model.word_embeddings(input_ids)  # (B, T, H)
         if trace is not None:
             trace["embeddings"] = h
         for i, layer in enumerate(self.model.layers):
             cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            h = layer(h, cos, sin, mask, cache_kv, cache_rows, write_pos, trace, no_keys)
+            h = layer(h, rope, mask, cache_kv, cache_rows, write_pos, trace, no_keys)
             if trace is not None:
                 trace[f"layer_out.{i}"] = h
         h = self.model.norm(h)

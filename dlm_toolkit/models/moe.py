@@ -1,6 +1,6 @@
 """The LLaDA2 mixture of experts: sigmoid router with group-limited top-k, the routed experts stacked
-per layer and run by one grouped GEMM per projection (or the per-expert reference path), and the
-always-on shared expert.
+per layer and run by two grouped GEMMs, gate and up together then down (or the per-expert reference
+path), and the always-on shared expert.
 
 Shapes: N tokens, H hidden, E experts, K experts per token, I expert width.
 """
@@ -32,16 +32,17 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor):
         """x (N, H) -> router logits (N, E), chosen experts (N, K) by biased score descending,
         their weights (N, K) float32."""
-        logits = F.linear(x.float(), self.weight)  # (N, E)
+        logits = F.linear(x if x.dtype == torch.float32 else x.float(), self.weight)  # (N, E)
         scores = logits.sigmoid()
         biased = scores + self.expert_bias  # the bias steers selection only, never the weights
         N, E = biased.shape
-        grouped = biased.view(N, self.n_group, E // self.n_group)  # (N, G, E/G)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
-        keep = group_scores.topk(self.topk_group, dim=-1).indices  # (N, kg)
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-        candidates = biased.masked_fill(~group_mask[..., None].expand_as(grouped).reshape(N, E), float("-inf"))
-        idx = candidates.topk(self.k, dim=-1).indices  # (N, K), sorted by biased score
+        if self.topk_group < self.n_group:  # else every group is kept: the group step selects nothing
+            grouped = biased.view(N, self.n_group, E // self.n_group)  # (N, G, E/G)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+            keep = group_scores.topk(self.topk_group, dim=-1).indices  # (N, kg)
+            dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)  # (N, G)
+            biased = grouped.masked_fill(dropped[..., None], float("-inf")).view(N, E)
+        idx = biased.topk(self.k, dim=-1).indices  # (N, K), sorted by biased score
         weight = scores.gather(1, idx)
         if self.k > 1:  # norm_topk_prob: the reference renormalises only when several are chosen
             weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
@@ -96,8 +97,11 @@ def _aligned(t: torch.Tensor, align: int, dims: int = 1) -> torch.Tensor:
 
 
 class Experts(nn.Module):
-    """The routed experts of one MoE layer, stacked: ``gate_proj``/``up_proj`` (E, I, H) and
-    ``down_proj`` (E, H, I), ``nn.Linear`` layout per expert. Holds experts ``first ..
+    """The routed experts of one MoE layer, stacked: ``gate_up_proj`` (E, 2I, H), each expert's
+    gate rows then its up rows (``gate_proj``/``up_proj`` (E, I, H) are views of it), and
+    ``down_proj`` (E, H, I), ``nn.Linear`` layout per expert. Gate and up stacked per expert make
+    one grouped GEMM of both (one call and one loop over experts fewer per layer; each output
+    column is the same dot product, so the same bits). Holds experts ``first ..
     first + count - 1`` of the layer (all of them on one device, a range per rank under expert
     parallelism).
 
@@ -108,13 +112,23 @@ class Experts(nn.Module):
 
     def __init__(self, count: int, hidden: int, inner: int, dtype: torch.dtype, first: int = 0):
         super().__init__()
-        self.first, self.count = first, count
+        self.first, self.count, self.inner = first, count, inner
         bound_in, bound_inner = hidden ** -0.5, inner ** -0.5  # nn.Linear's default init bounds
-        self.gate_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
-        self.up_proj = nn.Parameter(torch.empty(count, inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in))
+        gate_up = torch.empty(count, 2 * inner, hidden, dtype=dtype).uniform_(-bound_in, bound_in)
+        self.gate_up_proj = nn.Parameter(gate_up)
         self.down_proj = nn.Parameter(torch.empty(count, hidden, inner, dtype=dtype).uniform_(-bound_inner, bound_inner))
         self.register_state_dict_post_hook(_unstack_experts)
         self.register_load_state_dict_pre_hook(_stack_experts)
+
+    @property
+    def gate_proj(self) -> torch.Tensor:
+        """(E, I, H) view of the gate rows of ``gate_up_proj``."""
+        return self.gate_up_proj[:, :self.inner]
+
+    @property
+    def up_proj(self) -> torch.Tensor:
+        """(E, I, H) view of the up rows of ``gate_up_proj``."""
+        return self.gate_up_proj[:, self.inner:]
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, impl: MoEImpl = "grouped",
                 sharded: bool = False) -> torch.Tensor:
@@ -143,11 +157,11 @@ class Experts(nn.Module):
         return y
 
     def _grouped(self, x, idx, weight, sharded: bool) -> torch.Tensor:
-        """One grouped GEMM per projection over the (token, expert) pairs sorted by expert. No
-        loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
+        """One grouped GEMM for gate and up (stacked per expert), one for down, over the (token, expert)
+        pairs sorted by expert. No loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
         N, K = idx.shape
         H = x.shape[1]
-        slot = idx - self.first  # (N, K) local expert index
+        slot = idx - self.first if self.first else idx  # (N, K) local expert index
         if sharded:  # pairs of other ranks' experts sort last, past the final offset (never computed)
             mine = (slot >= 0) & (slot < self.count)
             slot = torch.where(mine, slot, self.count)
@@ -157,15 +171,24 @@ class Experts(nn.Module):
         offs = torch.searchsorted(flat[order], ends, out_int32=True)  # end of each expert's rows
         token = order // K
         align = 16 // x.element_size()
-        xs = _aligned(x[token], align)  # (N*K, H') expert-contiguous inputs
-        gate = _grouped_mm(xs, _aligned(self.gate_proj, align, 2).transpose(-2, -1), offs)  # (N*K, I')
-        up = _grouped_mm(xs, _aligned(self.up_proj, align, 2).transpose(-2, -1), offs)
+        xs = _aligned(x.index_select(0, token), align)  # (N*K, H') expert-contiguous inputs
+        gate_up = self.gate_up_proj
+        if self.inner % align or H % align:  # pad each half, so the gate columns come out as the separate GEMM's
+            gate_up = _aligned(gate_up.view(self.count, 2, self.inner, H), align, 2).flatten(1, 2)
+        inner = gate_up.shape[1] // 2  # I' (padded)
+        gate_up = _grouped_mm(xs, gate_up.transpose(-2, -1), offs)  # (N*K, 2I')
+        # silu on a contiguous (N*K, I') copy of the gate columns, the shape the separate gate GEMM
+        # gave: silu rounds a value differently in its vector loop and its tail or strided loop
+        h = F.silu(gate_up[:, :inner].contiguous()) * gate_up[:, inner:]  # (N*K, I')
         down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
-        out = _grouped_mm(F.silu(gate) * up, down, offs)[:, :H]
-        out = out * weight.flatten()[order, None].to(x.dtype)
+        out = _grouped_mm(h, down, offs)
+        if out.shape[1] != H:
+            out = out[:, :H]
+        pair_weight = weight.flatten().index_select(0, order)[:, None]
+        out = out * (pair_weight if x.dtype == torch.float32 else pair_weight.to(x.dtype))
         if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
             out = torch.where(mine.flatten()[order, None], out, 0.0)
-        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu")
+        return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu", token=token)
 
     def _reference(self, x, idx, weight) -> torch.Tensor:
         """The per-expert path the grouped one is tested against: sort pairs by expert, then one
@@ -187,21 +210,24 @@ class Experts(nn.Module):
         return y
 
 
-def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool) -> torch.Tensor:
+def combine_pairs(out: torch.Tensor, order: torch.Tensor, K: int, fixed_order: bool,
+                  token: torch.Tensor | None = None) -> torch.Tensor:
     """Sum the expert outputs ``out`` (N*K, H) of the pairs ``order`` (sorted pair ids) per token.
 
     ``fixed_order``: gather back to (token, k) order and sum over k, the same bits on every run
     (a GPU's ``index_add_`` adds with atomics in any order); else ``index_add_`` in place (on a
     CPU it is deterministic and avoids a large fresh buffer, whose page faults cost more than
-    the sum)."""
+    the sum). ``token``: ``order // K`` where the caller has it already."""
     N, H = out.shape[0] // K, out.shape[1]
     if fixed_order:
         return out[order.argsort()].view(N, K, H).sum(1)
-    return out.new_zeros(N, H).index_add_(0, order // K, out)
+    return out.new_zeros(N, H).index_add_(0, order // K if token is None else token, out)
 
 
 def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    stacks = {name: state_dict.pop(prefix + name) for name in PROJECTIONS}
+    gate_up = state_dict.pop(prefix + "gate_up_proj")
+    stacks = {"gate_proj": gate_up[:, :module.inner], "up_proj": gate_up[:, module.inner:],
+              "down_proj": state_dict.pop(prefix + "down_proj")}
     for i in range(module.count):
         for name in PROJECTIONS:
             state_dict[f"{prefix}{module.first + i}.{name}.weight"] = stacks[name][i]
@@ -209,16 +235,19 @@ def _unstack_experts(module: Experts, state_dict: dict, prefix: str, local_metad
 
 def _stack_experts(module: Experts, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
                    missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
-    for name in PROJECTIONS:
-        keys = [f"{prefix}{module.first + i}.{name}.weight" for i in range(module.count)]
-        if all(k in state_dict for k in keys):  # otherwise the missing stack is reported as usual
-            state_dict[prefix + name] = torch.stack([state_dict.pop(k) for k in keys])
+    keys = {name: [f"{prefix}{module.first + i}.{name}.weight" for i in range(module.count)] for name in PROJECTIONS}
+    # a stack whose experts are not all there is left out and reported missing as usual
+    if all(k in state_dict for k in keys["gate_proj"] + keys["up_proj"]):
+        gate, up = (torch.stack([state_dict.pop(k) for k in keys[name]]) for name in ("gate_proj", "up_proj"))
+        state_dict[prefix + "gate_up_proj"] = torch.cat([gate, up], 1)
+    if all(k in state_dict for k in keys["down_proj"]):
+        state_dict[prefix + "down_proj"] = torch.stack([state_dict.pop(k) for k in keys["down_proj"]])
 
 
 class MoE(nn.Module):
     """Routed experts (stacked, see :class:`Experts`) plus an always-on shared expert.
 
-    ``impl``: ``"grouped"`` (default; one grouped GEMM per projection where the kernel exists,
+    ``impl``: ``"grouped"`` (default; two grouped GEMMs, gate+up and down, where the kernel exists,
     see :func:`grouped_mm_supported`, else the reference, or inside a capture the dense path
     :meth:`Experts._dense`, which reads nothing back to the host) or ``"reference"`` (one matmul chain
     per active expert, after a host sync). Under expert parallelism the router runs on every
