@@ -1,0 +1,120 @@
+"""Holes found by attacking the issue-42 defences as merged (each row failed before its fix), and the
+two leftovers: a C-speed ``json_depth`` checked against the old regex definition, and one sandbox
+probe shared by a task and its runner (a busy uid pool is said as such, and not remembered)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+from itertools import accumulate
+
+import pytest
+
+from dlm_toolkit.config import ConfigError
+from dlm_toolkit.util.files import json_depth
+from test_hostile_inputs_v3 import trap  # noqa: F401  (fixture: an lm-eval task folder whose utils.py marks its import)
+
+# --------------------------------------------------------------------- privileges from a training config
+
+
+@pytest.mark.parametrize("task,params,needle", [
+    ("lm_eval", {"task": "dlm_trap", "include_path": "{folder}", "allow_import": True},
+     "task_params.lm_eval.allow_import: a privilege only the command line grants (`dlm eval/sweep --allow-import`)"),
+    ("humaneval", {"unsafe_exec": True},
+     "task_params.humaneval.unsafe_exec: a privilege only the command line grants (`dlm eval/sweep --unsafe-exec`)"),
+])
+def test_a_training_config_grants_no_privilege(trap, task, params, needle):  # noqa: F811
+    """``dlm train CONFIG`` built its eval tasks from ``task_params`` as given: ``allow_import: true``
+    made lm-eval import the folder's ``utils.py`` while the config was read, ``unsafe_exec: true``
+    ran generated code without bubblewrap. Both are refused, in one line, before anything imports."""
+    from dlm_toolkit.training.config import load_train_config
+
+    folder, marker = trap
+    args = {k: v.format(folder=folder) if isinstance(v, str) else v for k, v in params.items()}
+    with pytest.raises(ConfigError) as err:
+        load_train_config({"tasks": {task: 1.0}, "task_params": {task: args}})
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value
+    assert not marker.exists()
+
+
+def test_a_training_config_still_sets_task_options():
+    """Near miss: an option that is no privilege still reaches the task."""
+    from dlm_toolkit.training.config import load_train_config
+
+    config = load_train_config({"tasks": {"add": 1.0}, "task_params": {"add": {"max_digits": 2}}})
+    assert config.task("add").max_digits == 2
+
+
+# --------------------------------------------------------------------------------------------- json_depth
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def old_json_depth(text: str) -> int:
+    """The definition json_depth had (a regex over strings, a Python list per bracket): the reference."""
+    return max(accumulate(1 if c in "[{" else -1 for c in _BRACKET.findall(_STRING.sub('""', text))), default=0)
+
+
+def random_json(rng: random.Random, depth: int) -> object:
+    """Nested lists and objects whose strings hold brackets, quotes, backslashes and non-ASCII text."""
+    pieces = ['[', ']', '{', '}', '"', '\\', '\\"', '\\\\', 'a', 'é', '\n', '\u2028', ' ']
+    word = "".join(rng.choice(pieces) for _ in range(rng.randrange(6)))
+    if depth == 0 or rng.random() < 0.25:
+        return rng.choice([word, rng.randrange(-9, 99), None, True, 1.5])
+    kids = [random_json(rng, depth - 1) for _ in range(rng.randrange(4))]
+    return kids if rng.random() < 0.5 else {f"{word}{i}": kid for i, kid in enumerate(kids)}
+
+
+@pytest.mark.parametrize("scale", ["small", "large (numpy path)"])
+def test_json_depth_matches_the_old_definition(scale):
+    rng = random.Random(42)
+    for trial in range(150 if scale == "small" else 3):
+        value = random_json(rng, rng.randrange(12))
+        if scale != "small":  # past 2^16 brackets and quotes
+            value = [value, [random_json(rng, 8) for _ in range(3000)]]
+        text = json.dumps(value, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1]))
+        assert json_depth(text) == old_json_depth(text), (trial, text[:200])
+
+
+@pytest.mark.parametrize("text,depth", [
+    ("", 0), ("1", 0), ("[]", 1), ('[["]"]]', 2), ('["\\"]", [1]]', 2), ('["\\\\", [1]]', 2),
+    ('["\\\\\\"[[[", []]', 2), ('{"a": [{"b": "}}}"}]}', 3), ('"[[[["', 0), ("[" * 65 + "]" * 65, 65),
+])
+def test_json_depth_by_hand(text, depth):
+    """Escaped quotes (odd backslashes) stay inside a string, an even run closes it."""
+    assert json_depth(text) == depth == old_json_depth(text)
+    big = "[" + ", ".join([text or "0"] * 40_000) + "]"  # the same text through the numpy path
+    assert json_depth(big) == depth + 1
+
+
+# ----------------------------------------------------------------------------------- one sandbox probe
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid pool exists only for an evaluator running as root")
+def test_the_probe_is_shared_and_a_busy_pool_is_said_and_not_remembered(monkeypatch):
+    """A task probed with ``sandbox_info()`` and its runner with ``sandbox_info(sys.executable)``: two
+    probes, and if every pool uid was leased at the runner's, a refusal saying bubblewrap is not
+    usable -- and that answer was cached for the process's life."""
+    from dlm_toolkit.tasks.sandbox import SandboxUnavailable, check_isolation, limits, sandbox_info
+
+    sandbox_info.cache_clear()
+    try:
+        assert sandbox_info() is sandbox_info(sys.executable)
+        monkeypatch.setattr(limits, "POOL_FIRST", 201_000)  # a pool of two uids nobody else leases
+        monkeypatch.setattr(limits, "POOL_SIZE", 2)
+        sandbox_info.cache_clear()
+        with limits.uid_lease(), limits.uid_lease():
+            busy = sandbox_info(sys.executable)
+            with pytest.raises(SandboxUnavailable) as err:
+                check_isolation(info=busy)
+        line = str(err.value)
+        assert "no sandbox uid could be leased" in line and "all 2 sandbox uids" in line, line
+        assert "not usable" not in line and "\n" not in line
+        assert sandbox_info(sys.executable).bwrap is not None  # the busy answer was not kept
+        assert sandbox_info() is sandbox_info(sys.executable)
+    finally:
+        monkeypatch.undo()
+        sandbox_info.cache_clear()
