@@ -118,3 +118,46 @@ def test_the_probe_is_shared_and_a_busy_pool_is_said_and_not_remembered(monkeypa
     finally:
         monkeypatch.undo()
         sandbox_info.cache_clear()
+
+
+# ------------------------------------------------------------------- options of the generated tasks
+GSM_PLUS = "tests/fixtures/benchmarks/gsm_plus/gsmplus_testmini.jsonl"
+
+
+@pytest.mark.parametrize("task,option,bad,near_miss,needle", [
+    ("add", "max_digits", 10**18, 1000, "an integer in [1, 1000]"),  # 10^18 digits: `dlm eval` never ended
+    ("add", "max_digits", 1001, 1, "an integer in [1, 1000]"),
+    ("add", "max_digits", True, 2, "an integer in [1, 1000] (got True)"),
+    ("add", "max_digits", 2.5, 3, "(got 2.5)"),
+    ("add", "max_digits", float("inf"), 5, "(got inf)"),
+    ("sort", "max_len", 10**8, 1000, "an integer in [1, 1000]"),  # a list of 10^8 numbers: never ended
+    ("sort", "min_len", 2.5, 8, "min_len: must be an integer"),
+    ("sort", "min_len", True, 1, "min_len: must be an integer"),
+    ("either", "max_len", 10**18, 1000, "max_len: must be an integer in [2, 1000]"),
+    ("either", "min_len", 2.5, 2, "min_len: must be an integer"),
+    ("either", "differ", 1e-9, 0.01, "differ: must be a number in [0.01, 1]"),  # redrew for ever
+    ("either", "differ", True, 1, "differ: must be a number"),
+    ("either", "marked", "no", False, "marked: must be true or false (got 'no')"),  # "no" was read as true
+    ("either", "marked", 0, True, "marked: must be true or false"),
+    ("pick", "max_chunk", 10**18, 100, "max_chunk: must be an integer in [1, 100]"),
+    ("pick", "max_chunks", float("inf"), 7, "max_chunks: must be an integer"),
+    ("pick", "min_chunks", True, 1, "min_chunks: must be an integer"),
+    ("pick", "differ", 1e-300, 0.4, "differ: must be a number in [0.01, 1]"),
+    ("tiesort", "digits", True, 1, "digits: must be an integer in [1, 9]"),
+    ("tiesort", "min_len", 2.5, 9, "min_len: must be an integer in [2, 26]"),
+    ("sudoku", "clues", 40.0, 40, "clues: must be an integer in [24, 81]"),
+    ("gsm_plus", "critical_thinking", "false", True, "critical_thinking: must be true or false"),
+])
+def test_generated_task_options_have_a_type_and_a_range(task, option, bad, near_miss, needle):
+    """Every option is checked when the task is built, one line naming it; the near miss builds."""
+    from dlm_toolkit.tasks import get_task
+
+    base = {"data": GSM_PLUS} if task == "gsm_plus" else {}
+    with pytest.raises(ConfigError) as err:
+        get_task(task, **base, **{option: bad})
+    line = str(err.value)
+    assert f"task '{task}': {option}: must be" in line and needle in line and "\n" not in line, line
+    built = get_task(task, **base, **{option: near_miss})
+    assert getattr(built, option) == near_miss
+    if task in ("add", "sort", "either", "pick"):
+        assert built.instances(2, 0, "eval")  # and it makes instances
