@@ -161,3 +161,38 @@ def test_generated_task_options_have_a_type_and_a_range(task, option, bad, near_
     assert getattr(built, option) == near_miss
     if task in ("add", "sort", "either", "pick"):
         assert built.instances(2, 0, "eval")  # and it makes instances
+
+
+# -------------------------------------------------------------- LiveCodeBench: what the candidate sees
+YES_NO = [(n, "Yes" if n % 3 == 0 else "No") for n in range(1, 9)]
+
+
+@pytest.fixture(scope="module")
+def yes_no(tmp_path_factory):
+    """A stdin problem whose answers are Yes or No (AtCoder has many), one public test, seven private."""
+    from test_livecodebench_hostile import _rows, _write, stdin_test
+
+    from dlm_toolkit.tasks import get_task
+
+    row = _rows()[0]
+    cases = [stdin_test(f"{n}\n", f"{answer}\n") for n, answer in YES_NO]
+    row["public_test_cases"], row["private_test_cases"] = json.dumps(cases[:1]), json.dumps(cases[1:])
+    task = get_task("livecodebench", data=str(_write(tmp_path_factory.mktemp("lcb") / "t.jsonl", [row])),
+                    timeout_s=2)
+    return task, task.instances(task.eval_size, 0, "eval")[0]
+
+
+@pytest.mark.parametrize("code,passes", [
+    # the output cap was 2 * len(expected) + 64 Ki, handed to the candidate: "Yes\n" vs "No\n" read off it
+    ("import sys\nprint('Yes' if sys.stdout.left == 2 * 4 + 65536 else 'No')", False),
+    ("import sys\nf = sys._getframe()\nwhile 'max_output' not in f.f_locals:\n    f = f.f_back\n"
+     "print('Yes' if f.f_locals['max_output'] == 2 * 4 + 65536 else 'No')", False),
+    ("import sys\nprint('x' * (2 * 4 + 65537))", False),  # the flood rule, now on the test side
+    ("print('Yes' if int(input()) % 3 == 0 else 'No')", True),  # near miss: the honest answer
+])
+def test_the_candidate_learns_nothing_of_the_expected_output(yes_no, code, passes):
+    task, problem = yes_no
+    result = task.run(problem, f"```python\n{code}\n```")
+    assert result.passed is passes, result.reason
+    if not passes:
+        assert "test 0: flood" in result.reason if "'x'" in code else "wrong answer" in result.reason

@@ -36,7 +36,8 @@ from outside the candidate's process (the official grader's ``SIGALRM`` runs ins
 fails, the candidate killed); a call-based solution's load is timed as one more test; whole run
 ``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict decided on
 the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Limits of ours: a program may
-print at most twice the expected output + 64 Ki characters (more is a failure, "flood"); one test's
+print at most twice the expected output + 64 Ki characters (more is a failure, "flood", judged on the
+test side: the candidate's own cap is one constant, so it learns nothing of the expected output); one test's
 input or output crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
 
 Deliberate departures from the official grader, each what a real judge allows (one test each in
