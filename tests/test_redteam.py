@@ -196,3 +196,31 @@ def test_the_candidate_learns_nothing_of_the_expected_output(yes_no, code, passe
     assert result.passed is passes, result.reason
     if not passes:
         assert "test 0: flood" in result.reason if "'x'" in code else "wrong answer" in result.reason
+
+
+@pytest.mark.parametrize("line,bad", [
+    ("1" * 4301, True),  # past Python's int-string limit: a ValueError traceback out of the task's build
+    ("1" * 4300, False),
+    ("NaN", True),  # never equal to anything, and the sandbox boundary refuses it: an unsolvable test
+    ("1e999", True),  # inf
+    ("1e308", False),
+    ("-Infinity", True),
+])
+def test_a_call_based_test_line_is_finite_json_or_one_line(tmp_path, line, bad):
+    from test_livecodebench_hostile import _rows, _write
+
+    from dlm_toolkit.tasks import get_task
+    from dlm_toolkit.tasks.data import DataError
+
+    row = _rows()[2]  # lc3000, call-based
+    row["public_test_cases"] = json.dumps([{"input": "[1]\n0", "output": line, "testtype": "functional"}])
+    row["private_test_cases"] = "[]"
+    path = _write(tmp_path / "t.jsonl", [row])
+    if not bad:
+        assert get_task("livecodebench", data=str(path)).eval_size == 1
+        return
+    with pytest.raises(DataError) as err:
+        get_task("livecodebench", data=str(path))
+    text = str(err.value)
+    assert f"{path}:1: question 'lc3000': field 'public_test_cases': test 0 of a call-based problem" in text, text
+    assert "\n" not in text

@@ -208,7 +208,23 @@ def _json(text: str) -> Any:
     depth = json_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise json.JSONDecodeError(f"nested {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted", text, 0)
-    return json.loads(text)
+    try:  # NaN, Infinity or 1e999 cannot cross the sandbox boundary nor equal anything: an unsolvable test
+        return json.loads(text, parse_constant=_not_finite, parse_float=_finite_float)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # an integer past Python's 4300 digits (its message says so), or not finite
+        raise json.JSONDecodeError(str(exc).split(";")[0], text, 0) from None
+
+
+def _not_finite(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:30]} is not a finite number")
+    return value
 
 
 def _loads(text: str, where: _Where, field: str, what: str = "not JSON") -> Any:
