@@ -16,6 +16,7 @@ import pytest
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.util.files import json_depth
 from test_hostile_inputs_v3 import trap  # noqa: F401  (fixture: an lm-eval task folder whose utils.py marks its import)
+from test_sandbox_limits import small_pool  # noqa: F401  (fixture: a pool of three uids of this test's own)
 
 # --------------------------------------------------------------------- privileges from a training config
 
@@ -94,7 +95,7 @@ def test_json_depth_by_hand(text, depth):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid pool exists only for an evaluator running as root")
-def test_the_probe_is_shared_and_a_busy_pool_is_said_and_not_remembered(monkeypatch):
+def test_the_probe_is_shared_and_a_busy_pool_is_said_and_not_remembered(small_pool):  # noqa: F811
     """A task probed with ``sandbox_info()`` and its runner with ``sandbox_info(sys.executable)``: two
     probes, and if every pool uid was leased at the runner's, a refusal saying bubblewrap is not
     usable -- and that answer was cached for the process's life."""
@@ -103,20 +104,17 @@ def test_the_probe_is_shared_and_a_busy_pool_is_said_and_not_remembered(monkeypa
     sandbox_info.cache_clear()
     try:
         assert sandbox_info() is sandbox_info(sys.executable)
-        monkeypatch.setattr(limits, "POOL_FIRST", 201_000)  # a pool of two uids nobody else leases
-        monkeypatch.setattr(limits, "POOL_SIZE", 2)
         sandbox_info.cache_clear()
-        with limits.uid_lease(), limits.uid_lease():
+        with limits.uid_lease(), limits.uid_lease(), limits.uid_lease():  # the whole (test) pool
             busy = sandbox_info(sys.executable)
             with pytest.raises(SandboxUnavailable) as err:
                 check_isolation(info=busy)
         line = str(err.value)
-        assert "no sandbox uid could be leased" in line and "all 2 sandbox uids" in line, line
+        assert "no sandbox uid could be leased" in line and "all 3 sandbox uids" in line, line
         assert "not usable" not in line and "\n" not in line
         assert sandbox_info(sys.executable).bwrap is not None  # the busy answer was not kept
         assert sandbox_info() is sandbox_info(sys.executable)
     finally:
-        monkeypatch.undo()
         sandbox_info.cache_clear()
 
 
