@@ -222,3 +222,43 @@ def test_a_call_based_test_line_is_finite_json_or_one_line(tmp_path, line, bad):
     text = str(err.value)
     assert f"{path}:1: question 'lc3000': field 'public_test_cases': test 0 of a call-based problem" in text, text
     assert "\n" not in text
+
+
+# ---------------------------------------------------------------- restricted pickle: colliding keys
+def colliding_dict(n: int) -> bytes:
+    """A protocol-2 dict of ``n`` integer keys ``k * (2^61 - 1)``: all hash to 0, so each insertion
+    probes every earlier key (49,000 of them, 636 kB, loaded in 10 s)."""
+    import pickle
+
+    body = b"".join(pickle.dumps(k * ((1 << 61) - 1), protocol=2)[2:-1] + b"N" for k in range(1, n + 1))
+    return b"\x80\x02}(" + body + b"u."
+
+
+def items_dict(n: int) -> dict:
+    """``n`` dict items in all, three of them in nested dicts, no shared object (no memo read)."""
+    d: dict = {str(i): [i, {f"x{i}": (i, i + 1)}] if i < 3 else i for i in range(n - 6)}
+    d["a"] = {"b": 1, "c": 2}
+    return d
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_the_dict_item_bound_is_exact_at_every_protocol(protocol):
+    import pickle
+
+    from dlm_toolkit.tasks.safe_pickle import MAX_DICT_ITEMS, UnsafeBlob, load_plain
+
+    assert load_plain(pickle.dumps(items_dict(MAX_DICT_ITEMS), protocol=protocol)) == items_dict(MAX_DICT_ITEMS)
+    with pytest.raises(UnsafeBlob, match=f"more than {MAX_DICT_ITEMS} dict items"):
+        load_plain(pickle.dumps(items_dict(MAX_DICT_ITEMS + 1), protocol=protocol))
+
+
+def test_colliding_keys_are_refused_before_the_quadratic_load():
+    import time
+
+    from dlm_toolkit.tasks.safe_pickle import MAX_DICT_ITEMS, UnsafeBlob, load_plain
+
+    assert len(load_plain(colliding_dict(MAX_DICT_ITEMS))) == MAX_DICT_ITEMS  # milliseconds
+    start = time.process_time()
+    with pytest.raises(UnsafeBlob, match="dict items"):
+        load_plain(colliding_dict(49_000))
+    assert time.process_time() - start < 2.0  # a guard only: the load took 10 s of CPU
