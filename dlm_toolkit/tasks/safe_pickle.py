@@ -23,8 +23,8 @@ import io
 import pickle
 import zlib
 
-__all__ = ["MAX_BLOB_BYTES", "MAX_CONTAINERS", "MAX_DEPTH", "MAX_DICT_ITEMS", "MAX_OPCODES", "UnsafeBlob", "decode_blob",
-           "inflate_bounded", "load_plain"]
+__all__ = ["MAX_BLOB_BYTES", "MAX_CONTAINERS", "MAX_DEPTH", "MAX_DICT_ITEMS", "MAX_OPCODES", "UnsafeBlob",
+           "decode_blob", "inflate_bounded", "load_plain"]
 
 MAX_BLOB_BYTES = 256 << 20
 """Default bound on one decompressed blob (LiveCodeBench's largest private test sets are tens of MB)."""
@@ -99,8 +99,8 @@ def _scan(data: bytes) -> None:
     """Walk the opcodes without building anything (:func:`pickletools.genops` reads each declared
     length from the stream, so a huge declared size is a truncation, never an allocation): only
     :data:`_ALLOWED` ones, at most :data:`MAX_OPCODES` of them, :data:`MAX_CONTAINERS`
-    containers and :data:`MAX_DICT_ITEMS` dict items, memo indices below the opcode count (the C unpickler grows its memo to twice the
-    largest index it is given)."""
+    containers and :data:`MAX_DICT_ITEMS` dict items, memo indices below the opcode count (the C
+    unpickler grows its memo to twice the largest index it is given)."""
     import pickletools
 
     count = containers = items = 0

@@ -33,8 +33,8 @@ import inspect
 import json
 from typing import Any, Sequence
 
-__all__ = ["MAX_OUTPUT_CHARS", "PREAMBLE", "SLACK_S", "call_candidate", "call_limit", "call_tests", "lines_match", "run_timeout",
-           "stdio_candidate", "stdio_tests"]
+__all__ = ["MAX_OUTPUT_CHARS", "PREAMBLE", "SLACK_S", "call_candidate", "call_limit", "call_tests", "lines_match",
+           "run_timeout", "stdio_candidate", "stdio_tests"]
 
 SLACK_S = 1.0
 """Seconds a test may take beyond its timeout on the test side's clock (argument/result transfer)."""
