@@ -371,7 +371,8 @@ CASES = {  # problem -> [(solution, passes, reason fragment)]
         ("w = input().split()\nprint(' '.join(w[::-1][1:]))\n", False, "wrong answer"),  # one word short
         ("w = input().split()\n", False, "wrong answer"),  # the line missing
         ("w = input().split()\nprint(' '.join(w[::-1]))\n" + SPIN, False, "time limit exceeded"),
-        ("w = input().split()\nwhile True:\n    print(' '.join(w[::-1]))\n", False, "flood"),
+        ("w = input().split()\nwhile True:\n    print(' '.join(w[::-1]) * 1000)\n", False, "flood"),  # the cap is
+        # 16 Mi characters on the candidate's side (stdio.MAX_OUTPUT_CHARS): short lines reach it after the time limit
     ],
 }
 

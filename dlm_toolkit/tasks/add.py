@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from .base import Instance, Split, Task
+from .base import Instance, Split, Task, int_option
+
+MAX_DIGITS = 1000
+"""The longest operand an option may ask for (an instance of 10^18 digits never finished)."""
 
 __all__ = ["AddTask"]
 
@@ -27,8 +30,7 @@ class AddTask(Task):
     answer_alphabet = "0123456789"
 
     def __init__(self, max_digits: int = 5) -> None:
-        if max_digits < 1:
-            raise ValueError(f"max_digits must be >= 1, got {max_digits}")
+        int_option(self.name, "max_digits", max_digits, 1, MAX_DIGITS)
         self.max_digits = max_digits
         self.answer_length = max_digits + 1  # 99999+99999=199998
 

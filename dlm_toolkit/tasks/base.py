@@ -28,7 +28,8 @@ from typing import Any, ClassVar, Literal
 
 from dlm_toolkit.config import ConfigError
 
-__all__ = ["EVAL_MODULUS", "MAX_PROMPT_CHARS", "Instance", "Split", "Task", "check_prompt_length", "split_of"]
+__all__ = ["EVAL_MODULUS", "MAX_PROMPT_CHARS", "Instance", "Split", "Task", "bool_option", "check_prompt_length",
+           "int_option", "rate_option", "split_of"]
 
 MAX_PROMPT_CHARS = 1 << 20
 """The longest prompt (or lm-eval request text) a task may hand the tokenizer, in characters: ~100
@@ -45,6 +46,34 @@ def check_prompt_length(text: str, where: str) -> None:
     if len(text) > MAX_PROMPT_CHARS:
         raise ConfigError(f"{where}: a prompt of {len(text)} characters, more than {MAX_PROMPT_CHARS}; "
                           "it is not tokenized")
+
+
+def int_option(task: str, name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` when it is an ``int`` in ``[lo, hi]`` (``true`` is not 1, ``2.5`` and ``"3"`` are no
+    integers; a generated task's sizes are bounded so an instance cannot take hours or the memory).
+
+    Raises:
+        ConfigError: ``task 'T': NAME: must be an integer in [LO, HI] (got V)``.
+    """
+    if type(value) is not int or not lo <= value <= hi:
+        raise ConfigError(f"task '{task}': {name}: must be an integer in [{lo}, {hi}] (got {repr(value)[:60]})")
+    return value
+
+
+def rate_option(task: str, name: str, value: Any, lo: float = 0.01) -> float:
+    """``value`` when it is a number (not a bool) in ``[lo, 1]`` (a generator that redraws until some
+    position differs must not be asked for a rate near 0: ``1e-9`` looped for ever); else one line."""
+    if type(value) not in (int, float) or not lo <= value <= 1.0:
+        raise ConfigError(f"task '{task}': {name}: must be a number in [{lo:g}, 1] (got {repr(value)[:60]})")
+    return float(value)
+
+
+def bool_option(task: str, name: str, value: Any) -> bool:
+    """``value`` when it is ``true`` or ``false`` (``"no"`` or ``0`` is not read as either)."""
+    if type(value) is not bool:
+        raise ConfigError(f"task '{task}': {name}: must be true or false (got {repr(value)[:60]})")
+    return value
+
 
 Split = Literal["train", "eval"]
 EVAL_MODULUS = 8

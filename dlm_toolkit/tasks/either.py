@@ -16,7 +16,10 @@ from __future__ import annotations
 import random
 import string
 
-from .base import Instance, Split, Task
+from .base import Instance, Split, Task, bool_option, int_option, rate_option
+
+MAX_LEN = 1000
+"""The longest string an option may ask for."""
 
 __all__ = ["EitherTask", "marked_pair"]
 
@@ -48,11 +51,12 @@ class EitherTask(Task):
     answer_alphabet = string.ascii_letters + string.digits
 
     def __init__(self, min_len: int = 24, max_len: int = 32, differ: float = 0.35, marked: bool = True) -> None:
-        if not 2 <= min_len <= max_len:
+        int_option(self.name, "min_len", min_len, 2, MAX_LEN)
+        int_option(self.name, "max_len", max_len, 2, MAX_LEN)
+        if not min_len <= max_len:
             raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
-        if not 0.0 < differ <= 1.0:
-            raise ValueError(f"differ must be in (0, 1], got {differ}")
-        self.min_len, self.max_len, self.differ, self.marked = min_len, max_len, differ, bool(marked)
+        self.min_len, self.max_len = min_len, max_len
+        self.differ, self.marked = rate_option(self.name, "differ", differ), bool_option(self.name, "marked", marked)
         self.answer_length = max_len
 
     def _sample(self, rng: random.Random, split: Split) -> Instance:

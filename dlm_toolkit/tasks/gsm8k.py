@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from dlm_toolkit.config import ConfigError
 
-from .base import Instance
+from .base import Instance, bool_option
 from .data import BenchmarkTask, DataError, DataSource, FiniteNumber, RowSchema, read_jsonl
 
 __all__ = ["FLEXIBLE", "GSM8KTask", "GSMPlusTask", "STRICT", "extract_answer", "gsm8k_match", "reference_answer"]
@@ -160,7 +160,7 @@ class GSMPlusTask(GSM8KTask):
 
     def __init__(self, data: str | Path | None = None, answer_length: int = 256, match: Match = "flexible",
                  critical_thinking: bool = False) -> None:
-        self.critical_thinking = bool(critical_thinking)
+        self.critical_thinking = bool_option(self.name, "critical_thinking", critical_thinking)
         super().__init__(data, answer_length, match)
 
     class Record(RowSchema):

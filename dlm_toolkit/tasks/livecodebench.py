@@ -36,7 +36,8 @@ from outside the candidate's process (the official grader's ``SIGALRM`` runs ins
 fails, the candidate killed); a call-based solution's load is timed as one more test; whole run
 ``(timeout + 1) * tests + 5`` s. Everything runs in the bubblewrap sandbox, the verdict decided on
 the test side of :func:`~.sandbox.run_tests`'s plain-data boundary. Limits of ours: a program may
-print at most twice the expected output + 64 Ki characters (more is a failure, "flood"); one test's
+print at most twice the expected output + 64 Ki characters (more is a failure, "flood", judged on the
+test side: the candidate's own cap is one constant, so it learns nothing of the expected output); one test's
 input or output crosses the sandbox boundary only up to 16 MiB encoded (larger: a failure).
 
 Deliberate departures from the official grader, each what a real judge allows (one test each in
@@ -207,7 +208,23 @@ def _json(text: str) -> Any:
     depth = json_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise json.JSONDecodeError(f"nested {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted", text, 0)
-    return json.loads(text)
+    try:  # NaN, Infinity or 1e999 cannot cross the sandbox boundary nor equal anything: an unsolvable test
+        return json.loads(text, parse_constant=_not_finite, parse_float=_finite_float)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # an integer past Python's 4300 digits (its message says so), or not finite
+        raise json.JSONDecodeError(str(exc).split(";")[0], text, 0) from None
+
+
+def _not_finite(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:30]} is not a finite number")
+    return value
 
 
 def _loads(text: str, where: _Where, field: str, what: str = "not JSON") -> Any:

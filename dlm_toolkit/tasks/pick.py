@@ -15,8 +15,11 @@ from __future__ import annotations
 import random
 import string
 
-from .base import Instance, Split, Task
+from .base import Instance, Split, Task, int_option, rate_option
 from .either import marked_pair
+
+MAX_CHUNKS = 100
+"""The most chunks, and the longest chunk, an option may ask for."""
 
 __all__ = ["PickTask"]
 
@@ -37,14 +40,15 @@ class PickTask(Task):
 
     def __init__(self, min_chunks: int = 5, max_chunks: int = 7, min_chunk: int = 3, max_chunk: int = 5,
                  differ: float = 0.4) -> None:
+        for option, value in (("min_chunks", min_chunks), ("max_chunks", max_chunks), ("min_chunk", min_chunk),
+                              ("max_chunk", max_chunk)):
+            int_option(self.name, option, value, 1, MAX_CHUNKS)
         if not 1 <= min_chunks <= max_chunks:
             raise ValueError(f"need 1 <= min_chunks <= max_chunks, got {min_chunks}, {max_chunks}")
         if not 1 <= min_chunk <= max_chunk:
             raise ValueError(f"need 1 <= min_chunk <= max_chunk, got {min_chunk}, {max_chunk}")
-        if not 0.0 < differ <= 1.0:
-            raise ValueError(f"differ must be in (0, 1], got {differ}")
         self.min_chunks, self.max_chunks, self.min_chunk, self.max_chunk = min_chunks, max_chunks, min_chunk, max_chunk
-        self.differ = differ
+        self.differ = rate_option(self.name, "differ", differ)
         self.answer_length = max_chunks * (max_chunk + 1) - 1
 
     def _sample(self, rng: random.Random, split: Split) -> Instance:

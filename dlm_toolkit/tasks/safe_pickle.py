@@ -5,7 +5,8 @@ program: ``GLOBAL``/``STACK_GLOBAL``/``INST``/``OBJ``/``EXT*`` name a callable a
 it, so loading an untrusted one with :func:`pickle.loads` runs whatever it names (``os.system``).
 :func:`load_plain` admits only the opcodes plain data needs (no global, call, persistent id, set,
 memo read or ``DUP``), at most :data:`MAX_OPCODES` of them building at most :data:`MAX_CONTAINERS`
-containers, loads with an unpickler that resolves no global, then checks that what came out is plain
+containers and :data:`MAX_DICT_ITEMS` dict items (integer keys can be made to collide), loads with an
+unpickler that resolves no global, then checks that what came out is plain
 data (``str``/``bytes``/``int``/``float``/``bool``/``None`` and lists/tuples/dicts of them, at most
 :data:`MAX_DEPTH` levels). Without memo reads the result is a tree no larger than the opcodes, so
 every step is linear in the bytes read. :func:`decode_blob` also bounds the decompressed size (a zip
@@ -22,8 +23,8 @@ import io
 import pickle
 import zlib
 
-__all__ = ["MAX_BLOB_BYTES", "MAX_CONTAINERS", "MAX_DEPTH", "MAX_OPCODES", "UnsafeBlob", "decode_blob",
-           "inflate_bounded", "load_plain"]
+__all__ = ["MAX_BLOB_BYTES", "MAX_CONTAINERS", "MAX_DEPTH", "MAX_DICT_ITEMS", "MAX_OPCODES", "UnsafeBlob",
+           "decode_blob", "inflate_bounded", "load_plain"]
 
 MAX_BLOB_BYTES = 256 << 20
 """Default bound on one decompressed blob (LiveCodeBench's largest private test sets are tens of MB)."""
@@ -37,6 +38,11 @@ keeps the scan (pure Python, ~1 us an opcode) well under a second whatever the b
 
 MAX_CONTAINERS = 10_000
 """Most lists, tuples and dicts one pickle may build."""
+
+MAX_DICT_ITEMS = 1_000
+"""Most dict items one pickle may set (LiveCodeBench's set none). Integer keys hash to themselves
+modulo 2^61 - 1, so ``k * (2^61 - 1)`` all collide and each insertion probes every earlier one:
+50,000 of them (640 kB) took 10 s to load; 1,000 take milliseconds."""
 
 
 class UnsafeBlob(ValueError):
@@ -92,16 +98,27 @@ _SHARING = frozenset({"GET", "BINGET", "LONG_BINGET", "DUP"})
 def _scan(data: bytes) -> None:
     """Walk the opcodes without building anything (:func:`pickletools.genops` reads each declared
     length from the stream, so a huge declared size is a truncation, never an allocation): only
-    :data:`_ALLOWED` ones, at most :data:`MAX_OPCODES` of them and :data:`MAX_CONTAINERS`
-    containers, memo indices below the opcode count (the C unpickler grows its memo to twice the
-    largest index it is given)."""
+    :data:`_ALLOWED` ones, at most :data:`MAX_OPCODES` of them, :data:`MAX_CONTAINERS`
+    containers and :data:`MAX_DICT_ITEMS` dict items, memo indices below the opcode count (the C
+    unpickler grows its memo to twice the largest index it is given)."""
     import pickletools
 
-    count = containers = 0
+    count = containers = items = 0
+    levels = [0]  # objects on the stack above each open MARK (the first: above the bottom)
     try:
         for opcode, arg, _ in pickletools.genops(data):
             count += 1
             name = opcode.name
+            plain_before = [x for x in opcode.stack_before if x not in (pickletools.markobject, pickletools.stackslice)]
+            if name == "MARK":
+                levels.append(0)
+            elif len(plain_before) != len(opcode.stack_before):  # pops back to the last MARK
+                above = levels.pop() if len(levels) > 1 else 0
+                items += above // 2 if name in ("SETITEMS", "DICT") else 0
+            items += name == "SETITEM"
+            levels[-1] += len(opcode.stack_after) - len(plain_before) if name != "MARK" else 0
+            if items > MAX_DICT_ITEMS:
+                raise UnsafeBlob(f"the pickle sets more than {MAX_DICT_ITEMS} dict items (the bound on one blob)")
             if count > MAX_OPCODES:
                 raise UnsafeBlob(f"the pickle has more than {MAX_OPCODES} opcodes (the bound on one blob)")
             if name in _SHARING:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from .base import Instance, Split, Task
+from .base import Instance, Split, Task, int_option
+
+MAX_LEN = 1000
+"""The longest list an option may ask for (a list of 10^8 numbers never finished)."""
 
 __all__ = ["SortTask"]
 
@@ -27,7 +30,9 @@ class SortTask(Task):
     answer_alphabet = "0123456789,"
 
     def __init__(self, min_len: int = 8, max_len: int = 16) -> None:
-        if not 1 <= min_len <= max_len:
+        int_option(self.name, "min_len", min_len, 1, MAX_LEN)
+        int_option(self.name, "max_len", max_len, 1, MAX_LEN)
+        if not min_len <= max_len:
             raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
         self.min_len, self.max_len = min_len, max_len
         self.answer_length = 3 * max_len - 1  # "dd," * len minus the last comma

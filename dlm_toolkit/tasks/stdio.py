@@ -9,7 +9,8 @@ Each builder returns two programs for the sandbox's two sides:
   ``__main__`` afresh with ``sys.stdin`` reading the text (``input()``, ``sys.stdin.buffer``,
   ``open(0)``) and returns ``[status, stdout]``; ``run_call(None)`` loads the solution and
   ``run_call(args)`` calls the method, returning ``[status, value]``. ``status`` is ``"ok"``,
-  ``"flood"`` (more than ``max_output`` characters written) or ``"error <exception>"``.
+  ``"flood"`` (more than ``max_output`` characters written: :data:`MAX_OUTPUT_CHARS`, the same for
+  every test, so it tells nothing of the expected output) or ``"error <exception>"``.
   ``SystemExit``/``exit()`` ends a stdin program normally, as under a judge. stderr is discarded.
   No timer runs in this process: there is nothing for the code to catch.
 * the **test side** (:func:`stdio_tests`, :func:`call_tests`) holds the expected outputs (plain
@@ -32,11 +33,17 @@ import inspect
 import json
 from typing import Any, Sequence
 
-__all__ = ["PREAMBLE", "SLACK_S", "call_candidate", "call_limit", "call_tests", "lines_match", "run_timeout",
-           "stdio_candidate", "stdio_tests"]
+__all__ = ["MAX_OUTPUT_CHARS", "PREAMBLE", "SLACK_S", "call_candidate", "call_limit", "call_tests", "lines_match",
+           "run_timeout", "stdio_candidate", "stdio_tests"]
 
 SLACK_S = 1.0
 """Seconds a test may take beyond its timeout on the test side's clock (argument/result transfer)."""
+
+MAX_OUTPUT_CHARS = 16 << 20
+"""What a stdin program may print in one test on the candidate's side: one constant, the most that
+crosses the sandbox boundary. The flood rule (twice the expected output + 64 Ki characters) is
+applied by the test side: a cap computed from the expected output and handed to the candidate told
+it that output's length (``sys.stdout.left``), enough to answer every Yes/No problem unseen."""
 
 PREAMBLE = "\n".join(
     [f"from {m} import *" for m in ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math",
@@ -247,9 +254,10 @@ def stdio_tests(cases: Sequence[tuple[str, str]]) -> str:
     head = ["import json as _dlm_json", inspect.getsource(lines_match),
             f"_DLM_CASES = {_literal([list(c) for c in cases])}",
             "for _dlm_i, (_dlm_in, _dlm_exp) in enumerate(_DLM_CASES):",
-            "    _dlm_reply = run_stdio(_dlm_in, 2 * len(_dlm_exp) + 65536)"]
-    tail = ['    assert type(_dlm_reply[1]) is str and lines_match(_dlm_reply[1], _dlm_exp), '
-            'f"test {_dlm_i}: wrong answer"']
+            f"    _dlm_reply = run_stdio(_dlm_in, {MAX_OUTPUT_CHARS})"]
+    tail = ['    assert type(_dlm_reply[1]) is str, f"test {_dlm_i}: a reply out of shape"',
+            '    assert len(_dlm_reply[1]) <= 2 * len(_dlm_exp) + 65536, f"test {_dlm_i}: flood"',
+            '    assert lines_match(_dlm_reply[1], _dlm_exp), f"test {_dlm_i}: wrong answer"']
     return "\n".join(head) + _CHECK_REPLY + "\n".join(tail) + "\n"
 
 

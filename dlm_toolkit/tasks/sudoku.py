@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 
-from .base import Instance, Split, Task, split_of
+from .base import Instance, Split, Task, int_option, split_of
 
 __all__ = [
     "SudokuTask",
@@ -278,9 +278,7 @@ class SudokuTask(Task):
     answer_length = 81
 
     def __init__(self, clues: int = 40) -> None:
-        if not MIN_CLUES <= clues <= 81:
-            raise ValueError(f"clues must be in {MIN_CLUES}..81, got {clues}")
-        self.clues = clues
+        self.clues = int_option(self.name, "clues", clues, MIN_CLUES, 81)
 
     def _sample(self, rng: random.Random, split: Split) -> Instance | None:
         solution = _random_solution(rng)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import string
 
-from .base import Instance, Split, Task
+from .base import Instance, Split, Task, int_option
 
 __all__ = ["TieSortTask"]
 
@@ -36,6 +36,9 @@ class TieSortTask(Task):
     answer_alphabet = string.ascii_lowercase + "0123456789,"
 
     def __init__(self, min_len: int = 9, max_len: int = 12, digits: int = 4) -> None:
+        int_option(self.name, "min_len", min_len, 2, 26)
+        int_option(self.name, "max_len", max_len, 2, 26)
+        int_option(self.name, "digits", digits, 1, 9)
         if not 2 <= min_len <= max_len <= 26:
             raise ValueError(f"need 2 <= min_len <= max_len <= 26, got {min_len}, {max_len}")
         if not 1 <= digits <= 9:

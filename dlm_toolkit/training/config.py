@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dlm_toolkit.config import flatten, read_mapping_file, set_dotted, validate_model
 from dlm_toolkit.models.llada2 import LLaDA2Config
+from dlm_toolkit.sweep.experiment import PRIVILEGED_TASK_ARGS
 from dlm_toolkit.tasks import TASKS, Task, get_task
 
 __all__ = ["TrainConfig", "load_train_config"]
@@ -112,6 +113,10 @@ class TrainConfig(BaseModel):
             first = err.errors()[0]
             raise ValueError(str(first.get("ctx", {}).get("error", first["msg"]))) from None
         for name in self.tasks:
+            asked = sorted(set(self.task_params.get(name, {})) & set(PRIVILEGED_TASK_ARGS))
+            if asked:  # a config file is handed around like an experiment file: it grants no privilege
+                raise ValueError(f"task_params.{name}.{asked[0]}: a privilege only the command line grants "
+                                 f"(`dlm eval/sweep {PRIVILEGED_TASK_ARGS[asked[0]]}`); a training config never does")
             try:
                 self.task(name)
             except (TypeError, ValueError) as err:

@@ -7,7 +7,6 @@ interpreter's ``sys.path`` and an ``unshare(CLONE_NEWNET)``) and caches the answ
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -44,6 +43,8 @@ class SandboxInfo:
         bwrap: the bubblewrap binary, when it works here.
         bwrap_python: the interpreter run inside bubblewrap.
         bwrap_problem: why bubblewrap cannot be used, when it cannot.
+        pool_problem: why no uid could be leased, as root (every one busy, or an unsafe lock
+            folder): a moment's state, so such an answer is not cached.
     """
 
     python: str
@@ -55,6 +56,7 @@ class SandboxInfo:
     bwrap_python: str | None = None
     bwrap_problem: str = ""
     mount_namespace: bool = False
+    pool_problem: str = ""
 
 
 def check_isolation(unsafe_exec: bool = False, info: SandboxInfo | None = None) -> str:
@@ -96,14 +98,15 @@ def process_problem(info: SandboxInfo) -> str:
     if os.geteuid() != 0:
         return f"{head}, and only an evaluator running as root can switch uids; run as root or {fix}"
     if not info.per_run_uid:
-        return (f"{head}, and no uid could be leased from the pool (see dlm_toolkit/tasks/sandbox/limits.py); "
-                f"free the pool or {fix}")
+        return f"{head}, and no uid could be leased from the pool ({info.pool_problem}); free the pool or {fix}"
     return (f"{head}, and those uids cannot read the interpreter {os.path.realpath(info.python)} (a folder on its "
             f"path is closed to other users, e.g. a pyenv under /root) nor {SYSTEM_PYTHON}; install python3 under "
             f"/usr, make the interpreter's folders world-readable, or {fix}")
 
 
 def no_bwrap_message(info: SandboxInfo) -> str:
+    if info.pool_problem:  # bubblewrap may be fine: it needs a uid to run as and none was free
+        return f"refusing to run untrusted code: no sandbox uid could be leased to run it as ({info.pool_problem})"
     return (f"refusing to run untrusted code: the bubblewrap sandbox is not usable here ({info.bwrap_problem}). "
             "Install it (Debian/Ubuntu: apt-get install bubblewrap) or, on a throw-away machine, pass "
             "--unsafe-exec on the command line (dlm eval, dlm sweep, dlm replay; never a task argument or a file) "
@@ -147,23 +150,39 @@ def prefix_of(python: str) -> str:
     return str(Path(os.path.realpath(python)).parent.parent)
 
 
-@functools.lru_cache(maxsize=None)
+_PROBED: dict[str, SandboxInfo] = {}
+
+
 def sandbox_info(python: str | None = None) -> SandboxInfo:
     """Which optional layers apply for interpreter ``python`` (default ``sys.executable``).
 
-    Cached; the first call runs the interpreter once (~20 ms) to read its ``sys.path`` and, as
-    root, to try ``unshare(CLONE_NEWNET)``, and bubblewrap once (~50 ms).
+    Cached per interpreter (``sandbox_info()`` and ``sandbox_info(sys.executable)`` are one entry,
+    so a task's probe is its runner's); the first call runs the interpreter once (~20 ms) to read
+    its ``sys.path`` and, as root, to try ``unshare(CLONE_NEWNET)``, and bubblewrap once (~50 ms).
+    An answer given while no pool uid was free is not kept: the next call probes again.
     """
     exe = python or sys.executable
+    info = _PROBED.get(exe)
+    if info is None:
+        info = _probe_layers(exe)
+        if not info.pool_problem:
+            _PROBED[exe] = info
+    return info
+
+
+sandbox_info.cache_clear = _PROBED.clear  # type: ignore[attr-defined]  # as an lru_cache's, for tests
+
+
+def _probe_layers(exe: str) -> SandboxInfo:
     is_root = os.geteuid() == 0
     probe = _probe(exe, try_netns=is_root)
-    pool = False
+    pool, pool_problem = False, ""
     if is_root:
         try:
             with uid_lease():
                 pool = True
-        except PoolUnavailable:
-            pool = False
+        except PoolUnavailable as err:
+            pool_problem = str(err)
     drops = False
     if pool and probe is not None:
         targets = [os.path.realpath(exe)] + [os.path.realpath(p) for p in probe["path"] if p and os.path.isdir(p)]
@@ -179,6 +198,7 @@ def sandbox_info(python: str | None = None) -> SandboxInfo:
         bwrap=bwrap,
         bwrap_python=bwrap_python,
         bwrap_problem=problem,
+        pool_problem=pool_problem,
     )
 
 
