@@ -27,7 +27,9 @@ __all__ = ["OLD_PATHS", "REMOVAL_VERSION", "deprecate", "install", "register_loa
 REMOVAL_VERSION = "0.3.0"  # the release that deletes this module and every old path
 
 # old name under dlm_toolkit -> new name under dlm_toolkit (names without the prefix, so that the
-# table itself never looks like a module reference to a rewriting tool)
+# table itself never looks like a module reference to a rewriting tool). An old name may be dotted
+# ("util.provenance"): the finder sits last on sys.meta_path, so it answers only once the real
+# subpackage has no such file.
 OLD_PATHS: dict[str, str] = {
     "decode": "step.loop",
     "engine": "step.engine",
@@ -59,9 +61,12 @@ OLD_PATHS: dict[str, str] = {
     "tokenizer": "models.tokenizer",
     "chat": "models.chat",
     "files": "util.files",
-    "distributed": "util.distributed",
+    "distributed": "models.distributed",
     "runtime": "util.runtime",
-    "provenance": "util.provenance",
+    "provenance": "sweep.provenance",
+    # moved out of util, which sits below everything (issue 43: no package circle)
+    "util.distributed": "models.distributed",
+    "util.provenance": "sweep.provenance",
 }
 # hooks.py, strategy.py and training.py became packages of the same name that re-export the old
 # module's public names; they need no alias.

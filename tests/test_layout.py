@@ -73,8 +73,10 @@ OLD_TO_NEW = {
     "evaluate": "evaluation.evaluate", "generate": "evaluation.generate",
     "conformance": "evaluation.conformance", "stats": "evaluation.stats", "plots": "evaluation.plots",
     "tokenizer": "models.tokenizer", "chat": "models.chat",
-    "files": "util.files", "distributed": "util.distributed", "runtime": "util.runtime",
-    "provenance": "util.provenance",
+    "files": "util.files", "distributed": "models.distributed", "runtime": "util.runtime",
+    "provenance": "sweep.provenance",
+    # moved again so that util imports nothing above it (issue 43)
+    "util.distributed": "models.distributed", "util.provenance": "sweep.provenance",
 }
 # Modules that became packages of the same name and re-export the old module's names.
 REPLACED = {"hooks": ("hooks.base", "StepHook"), "strategy": ("strategy.base", "StepContext"),
@@ -303,7 +305,8 @@ decode_fn = dlm_toolkit.decode
 for old, new in old_to_new.items():
     a = importlib.import_module("dlm_toolkit." + old)
     b = importlib.import_module("dlm_toolkit." + new)
-    out[old] = [a is b, a.__name__, a.__spec__.name, getattr(dlm_toolkit, old) is b or old == "decode"]
+    parent, _, leaf = ("dlm_toolkit." + old).rpartition(".")
+    out[old] = [a is b, a.__name__, a.__spec__.name, getattr(sys.modules[parent], leaf) is b or old == "decode"]
 out["decode is still the function"] = dlm_toolkit.decode is decode_fn and callable(dlm_toolkit.decode)
 import dlm_toolkit.decode as d
 out["import dlm_toolkit.decode as d"] = d is decode_fn

@@ -209,7 +209,7 @@ def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: st
     float32 on the CPU, bfloat16 on a GPU); see :mod:`dlm_toolkit.util.runtime`. ``mask_token_id`` /
     ``eos_token_id`` override the special ids (default: config.json, else the tokenizer).
     ``tp``: a :class:`~dlm_toolkit.models.llada2.TensorParallel` rank to load only its shard
-    (what :func:`dlm_toolkit.util.distributed.init_from_env` returns under ``torchrun``).
+    (what :func:`dlm_toolkit.models.distributed.init_from_env` returns under ``torchrun``).
     """
     from dlm_toolkit.models import load_model
     from dlm_toolkit.models.tokenizer import find_tokenizer

@@ -286,7 +286,7 @@ class TrialRun:
 
     def log_provenance(self, provenance: Mapping[str, Any]) -> None:
         """Tags ``provenance.*`` (commit, versions, device, dtype, plug-ins with their hashes) and
-        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.util.provenance`)."""
+        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.sweep.provenance`)."""
         tags = {f"provenance.{k}": str(v) for k, v in provenance.items() if k != "plugins" and v is not None}
         tags["provenance.plugins"] = " ".join(f"{p['class']}@{(p['sha256'] or '')[:12]}" for p in provenance["plugins"])
         from mlflow.entities import RunTag
