@@ -31,11 +31,11 @@ REMOVAL_VERSION = "0.3.0"  # the release that deletes this module and every old 
 # ("util.provenance"): the finder sits last on sys.meta_path, so it answers only once the real
 # subpackage has no such file.
 OLD_PATHS: dict[str, str] = {
-    "decode": "step.loop",
-    "engine": "step.engine",
+    "decode": "decoding.loop",
+    "engine": "decoding.engine",
     "state": "step.state",
     "capture": "step.capture",
-    "rule_capture": "step.rule_capture",
+    "rule_capture": "decoding.rule_capture",
     "sampling": "step.sampling",
     "rng": "step.rng",
     "trajectory": "step.trajectory",
@@ -44,7 +44,7 @@ OLD_PATHS: dict[str, str] = {
     "indel": "hooks.indel",
     "blocks_dynamic": "hooks.dynamic_blocks",
     "registry": "strategy.registry",
-    "policy": "strategy.policy",
+    "policy": "decoding.policy",
     "policy_config": "strategy.policy_config",
     "selection": "strategy.selection",
     "catalogue": "strategy.catalogue",
@@ -67,6 +67,11 @@ OLD_PATHS: dict[str, str] = {
     # moved out of util, which sits below everything (issue 43: no package circle)
     "util.distributed": "models.distributed",
     "util.provenance": "sweep.provenance",
+    # the loop and what composes rules with hooks sit above step, strategy and hooks (issue 43)
+    "step.loop": "decoding.loop",
+    "step.engine": "decoding.engine",
+    "step.rule_capture": "decoding.rule_capture",
+    "strategy.policy": "decoding.policy",
 }
 # hooks.py, strategy.py and training.py became packages of the same name that re-export the old
 # module's public names; they need no alias.

@@ -38,9 +38,9 @@ from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.strategy.outputs import Output
 
 if TYPE_CHECKING:
-    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.decoding.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
     from dlm_toolkit.step.state import DecodeState
     from dlm_toolkit.strategy.base import StepContext
 

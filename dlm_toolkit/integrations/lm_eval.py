@@ -123,7 +123,7 @@ class DlmLM(LM):
         from dlm_toolkit.models.distributed import init_from_env
         from dlm_toolkit.evaluation.evaluate import load_checkpoint
         from dlm_toolkit.integrations.loglik import check_last_block, check_mc_args
-        from dlm_toolkit.strategy.policy import DecodingPolicy
+        from dlm_toolkit.decoding.policy import DecodingPolicy
         from dlm_toolkit.strategy.policy_config import load_policy
         from dlm_toolkit.util.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 

@@ -1,1 +1,3 @@
-"""The decode step: the loop, the engine (forward), the canvas, state, sampling and capture."""
+"""The decode step's public types and mechanics: state, facts, flags, segments, canvas, sampling, rng,
+capture and trajectory. A leaf below the rules API (``strategy``), the hooks and the loop
+(``decoding``): nothing here imports them, so the arrows point one way."""

@@ -6,7 +6,7 @@ memory to the next step). Strategy objects hold only their config: everything th
 during a decode lives in :class:`~dlm_toolkit.step.state.DecodeState` / :class:`StepContext`, so one
 policy object can serve many concurrent decodes.
 
-Per forward, the :class:`~dlm_toolkit.strategy.policy.DecodingPolicy` calls, in order:
+Per forward, the :class:`~dlm_toolkit.decoding.policy.DecodingPolicy` calls, in order:
 ``m2t(ctx)`` → ``ctx.commit``; ``t2t(ctx)`` → ``ctx.edit``; ``remask(ctx)`` → ``ctx.remask``;
 then writes all three at once and lets the block schedule react. An M2T rule that also subclasses
 :class:`~dlm_toolkit.hooks.verify.Verifier` gets one more forward over its draft before the write

@@ -309,7 +309,7 @@ class TrialRun:
         when the page cannot be made (the reason goes to the tag ``trajectory_html_error``: a
         trial is never failed by its picture)."""
         from dlm_toolkit.models.chat import use_chat
-        from dlm_toolkit.step.loop import decode
+        from dlm_toolkit.decoding.loop import decode
         from dlm_toolkit.evaluation.evaluate import task_prompt
         from dlm_toolkit.step.state import row_seed
         from dlm_toolkit.viewer import fit_every, trajectory_page

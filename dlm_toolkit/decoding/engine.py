@@ -55,7 +55,7 @@ from dlm_toolkit.strategy.base import BlockSchedule
 from dlm_toolkit.strategy.outputs import hook_label
 
 if TYPE_CHECKING:
-    from dlm_toolkit.strategy.policy import StepChecks
+    from dlm_toolkit.decoding.policy import StepChecks
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 CaptureMode = Literal["eager", "compile", "cuda_graphs"]
