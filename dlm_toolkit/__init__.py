@@ -38,7 +38,7 @@ from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.flags import DeviceFlag, set_flag
 from dlm_toolkit.step.segments import Keys, Segment
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 from dlm_toolkit.hooks.verify import Verifier
 from dlm_toolkit.hooks.shadow import Shadow
 from dlm_toolkit.hooks.indel import Indel

@@ -52,7 +52,7 @@ from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.step.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy.base import BlockSchedule
-from dlm_toolkit.strategy.outputs import hook_label
+from dlm_toolkit.step.outputs import hook_label
 
 if TYPE_CHECKING:
     from dlm_toolkit.decoding.policy import StepChecks

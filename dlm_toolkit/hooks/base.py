@@ -60,7 +60,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.step.flags import DeviceFlag, StrategyError
-from dlm_toolkit.strategy.outputs import Declared, HookOutputs, Output, hook_label
+from dlm_toolkit.step.outputs import Declared, HookOutputs, Output, hook_label
 
 if TYPE_CHECKING:
     from dlm_toolkit.decoding.engine import StepEngine

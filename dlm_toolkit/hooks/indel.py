@@ -60,7 +60,7 @@ from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, set_flag
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.strategy.base import StepContext
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 
 if TYPE_CHECKING:
     from dlm_toolkit.decoding.policy import DecodingPolicy

@@ -47,7 +47,7 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.strategy.base import StepContext
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 
 if TYPE_CHECKING:
     from dlm_toolkit.decoding.engine import StepEngine

@@ -15,15 +15,11 @@ same value and no host read is needed to find the real slots.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from dlm_toolkit.step.context import StepContext
 from dlm_toolkit.step.facts import StepFacts
 from dlm_toolkit.step.state import COUNTERS, DecodeState
-
-if TYPE_CHECKING:  # annotations only: the step sits below the rules API
-    from dlm_toolkit.strategy.base import StepContext
 
 INSERTS, DELETES = COUNTERS.index("inserts"), COUNTERS.index("deletes")
 STEP_COUNTERS = COUNTERS[:8]  # what write_step counts, in this order

@@ -9,7 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from dlm_toolkit.step.state import DecodeState
-    from dlm_toolkit.strategy.base import StepContext
+    from dlm_toolkit.step.context import StepContext
 
 # Jupyter's display of a trajectory is drawn by the viewer, a tool far above the step: the step must
 # not import it, so the package's top level (dlm_toolkit/__init__.py, imported before any of its

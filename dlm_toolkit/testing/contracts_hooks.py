@@ -52,7 +52,7 @@ from dlm_toolkit.step.flags import DeviceFlag, FlagTable
 from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.step.state import DecodeResult, row_seed
 from dlm_toolkit.step.trajectory import Trajectory
-from dlm_toolkit.strategy.outputs import HookOutputs
+from dlm_toolkit.step.outputs import HookOutputs
 from dlm_toolkit.decoding.policy import DecodingPolicy, StrategyError
 from dlm_toolkit.testing.contracts_capture import capture_problems
 from dlm_toolkit.testing.host_syncs import HostSyncs
