@@ -1,4 +1,6 @@
-"""Old flat module paths of ``dlm_toolkit`` kept importable after the regroup into subpackages.
+"""Old module paths of ``dlm_toolkit`` kept importable after the regroup into subpackages (flat
+names such as ``dlm_toolkit.verify``, and the subpackage paths of modules moved again so that the
+packages import one way, such as ``dlm_toolkit.step.loop``).
 
 Every module that moved keeps its old name as an *alias*: ``import dlm_toolkit.verify`` gives the
 very module object ``dlm_toolkit.hooks.verify`` (not a copy), so ``isinstance`` checks, module
