@@ -18,7 +18,7 @@ import time
 import torch
 
 from dlm_toolkit import DecodingPolicy, decode
-from dlm_toolkit.step import engine as engine_module
+from dlm_toolkit.decoding import engine as engine_module
 from dlm_toolkit.testing import ScriptedLM
 
 VOCAB, MASK, EOS = 512, 511, 510

@@ -43,7 +43,7 @@ from bound import copy_bandwidth, experts_hit, forward_stats, weight_bytes  # no
 
 from dlm_toolkit import DecodingPolicy, decode
 from dlm_toolkit.step.capture import StepRunner
-from dlm_toolkit.util.distributed import init_from_env
+from dlm_toolkit.models.distributed import init_from_env
 from dlm_toolkit.models import LLaDA2Config, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 
 # The official LLaDA2.1 configs (the fields the model reads). mini: inclusionAI/LLaDA2.1-mini

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from catalogue import POLICIES, TASKS  # noqa: E402
 
-from dlm_toolkit.step.loop import decode  # noqa: E402
-from dlm_toolkit.strategy.policy import DecodingPolicy  # noqa: E402
+from dlm_toolkit.decoding.loop import decode  # noqa: E402
+from dlm_toolkit.decoding.policy import DecodingPolicy  # noqa: E402
 from dlm_toolkit.strategy.policy_config import load_policy  # noqa: E402
 from dlm_toolkit.step.state import DecodeResult  # noqa: E402
 

@@ -9,8 +9,9 @@ the built-in hook mixins :class:`Verifier`, :class:`Shadow`, :class:`Indel` and 
 ``ctx.hooks``), :class:`DeviceFlag` and :func:`set_flag` (its errors), :class:`Segment` and
 :class:`Keys` (what it adds to a forward).
 
-Package layout (README "Layout"): ``step/`` the decode step, ``hooks/`` the step-hook protocol
-and built-in hooks, ``strategy/`` the authoring API, registry and policies, ``training/``,
+Package layout (README "Layout"): ``step/`` the decode step's types and mechanics, ``strategy/``
+the authoring API and registry, ``hooks/`` the step-hook protocol and built-in hooks,
+``decoding/`` the policy and the loop on top of them, ``training/``,
 ``evaluation/``, ``models/``, ``tasks/``, ``sweep/``, ``util/``. The old flat module paths
 (``dlm_toolkit.verify``, ``dlm_toolkit.policy``, ...) still import: each is an alias of the same
 module object at its new home (``dlm_toolkit/_aliases.py`` lists them).
@@ -32,19 +33,31 @@ from dlm_toolkit.strategy.base import (
     StepContext,
     UnmaskRule,
 )
-from dlm_toolkit.strategy.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.flags import DeviceFlag, set_flag
 from dlm_toolkit.step.segments import Keys, Segment
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 from dlm_toolkit.hooks.verify import Verifier
 from dlm_toolkit.hooks.shadow import Shadow
 from dlm_toolkit.hooks.indel import Indel
 from dlm_toolkit.hooks.dynamic_blocks import DynamicBlockSchedule
+from dlm_toolkit.step.trajectory import Trajectory as _Trajectory
+from dlm_toolkit.step.trajectory import register_html_renderer as _register_html_renderer
 
 _aliases.install()
 _aliases.register_loaded()
+
+
+def _trajectory_html(trajectory: _Trajectory) -> str:
+    # the viewer loads on the first display only, so `import dlm_toolkit` stays cheap
+    from dlm_toolkit.viewer import view
+
+    return view(trajectory)._repr_html_()
+
+
+_register_html_renderer(_trajectory_html)
 
 
 def __getattr__(name: str) -> ModuleType:

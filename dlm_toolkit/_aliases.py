@@ -1,4 +1,6 @@
-"""Old flat module paths of ``dlm_toolkit`` kept importable after the regroup into subpackages.
+"""Old module paths of ``dlm_toolkit`` kept importable after the regroup into subpackages (flat
+names such as ``dlm_toolkit.verify``, and the subpackage paths of modules moved again so that the
+packages import one way, such as ``dlm_toolkit.step.loop``).
 
 Every module that moved keeps its old name as an *alias*: ``import dlm_toolkit.verify`` gives the
 very module object ``dlm_toolkit.hooks.verify`` (not a copy), so ``isinstance`` checks, module
@@ -27,13 +29,15 @@ __all__ = ["OLD_PATHS", "REMOVAL_VERSION", "deprecate", "install", "register_loa
 REMOVAL_VERSION = "0.3.0"  # the release that deletes this module and every old path
 
 # old name under dlm_toolkit -> new name under dlm_toolkit (names without the prefix, so that the
-# table itself never looks like a module reference to a rewriting tool)
+# table itself never looks like a module reference to a rewriting tool). An old name may be dotted
+# ("util.provenance"): the finder sits last on sys.meta_path, so it answers only once the real
+# subpackage has no such file.
 OLD_PATHS: dict[str, str] = {
-    "decode": "step.loop",
-    "engine": "step.engine",
+    "decode": "decoding.loop",
+    "engine": "decoding.engine",
     "state": "step.state",
     "capture": "step.capture",
-    "rule_capture": "step.rule_capture",
+    "rule_capture": "decoding.rule_capture",
     "sampling": "step.sampling",
     "rng": "step.rng",
     "trajectory": "step.trajectory",
@@ -42,7 +46,7 @@ OLD_PATHS: dict[str, str] = {
     "indel": "hooks.indel",
     "blocks_dynamic": "hooks.dynamic_blocks",
     "registry": "strategy.registry",
-    "policy": "strategy.policy",
+    "policy": "decoding.policy",
     "policy_config": "strategy.policy_config",
     "selection": "strategy.selection",
     "catalogue": "strategy.catalogue",
@@ -59,9 +63,17 @@ OLD_PATHS: dict[str, str] = {
     "tokenizer": "models.tokenizer",
     "chat": "models.chat",
     "files": "util.files",
-    "distributed": "util.distributed",
+    "distributed": "models.distributed",
     "runtime": "util.runtime",
-    "provenance": "util.provenance",
+    "provenance": "sweep.provenance",
+    # moved out of util, which sits below everything (issue 43: no package circle)
+    "util.distributed": "models.distributed",
+    "util.provenance": "sweep.provenance",
+    # the loop and what composes rules with hooks sit above step, strategy and hooks (issue 43)
+    "step.loop": "decoding.loop",
+    "step.engine": "decoding.engine",
+    "step.rule_capture": "decoding.rule_capture",
+    "strategy.policy": "decoding.policy",
 }
 # hooks.py, strategy.py and training.py became packages of the same name that re-export the old
 # module's public names; they need no alias.

@@ -15,7 +15,7 @@ from importlib import import_module
 from typing import Sequence
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.strategy.policy import StrategyError
+from dlm_toolkit.decoding.policy import StrategyError
 
 # subcommand modules in the order `dlm --help` lists them
 COMMANDS = ("decode", "conformance", "strategies", "sweep", "eval", "train", "compare")

@@ -17,13 +17,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from dlm_toolkit.util.errors import ConfigError  # re-exported: its home is the bottom layer
 from dlm_toolkit.util.files import MAX_JSON_DEPTH, InputFileError, parse_json, read_text
 
 ROLES = ("m2t", "t2t", "blocks", "remask")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the field path, the value and what is allowed."""
 
 
 class StrategyConfig(BaseModel):

@@ -50,7 +50,7 @@ def base_policy(block: int) -> dict[str, Any]:
 
 
 def family_points(task_name: str, n: int) -> dict[str, list[dict[str, float]]]:
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
 
     model, tok = load_checkpoint(f"oracle:{task_name}")
     task = get_task(task_name, **TASKS[task_name])

@@ -37,9 +37,9 @@ from dlm_toolkit.strategy.selection import top1
 
 if TYPE_CHECKING:
     from dlm_toolkit.models.base import DiffusionLM
-    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.decoding.engine import StepEngine
     from dlm_toolkit.step.state import DecodeState
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
 
 
 class JointHook(StepHook):

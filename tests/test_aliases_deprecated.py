@@ -64,7 +64,7 @@ def imported(tmp_path_factory) -> dict:
 
 
 def test_each_old_path_warns_naming_its_new_path_and_the_removal(imported: dict) -> None:
-    assert len(OLD_TO_NEW) == 33
+    assert len(OLD_TO_NEW) == 39
     for old, new in OLD_TO_NEW.items():
         assert imported[old] == [[
             f"dlm_toolkit.{old} is deprecated and will be removed in dlm-toolkit {_aliases.REMOVAL_VERSION}; "

@@ -75,7 +75,7 @@ def test_captured_rules_draw_as_the_eager_ones():
     """Sampling, ancestral M2T and ReMDM draw once each per step: a captured rule must take the draw
     index the eager one would (and pass the next one on), or two rules would share numbers."""
     from dlm_toolkit.config import SamplingConfig
-    from dlm_toolkit.step.rule_capture import RuleRunners
+    from dlm_toolkit.decoding.rule_capture import RuleRunners
     from dlm_toolkit.testing import make_context
 
     policy = DecodingPolicy("llada2.1-s", **{"m2t.name": "ancestral", "m2t.params.steps_per_block": 2,

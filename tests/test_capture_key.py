@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 from dlm_toolkit import DecodingPolicy
 from dlm_toolkit.step.capture import Channel, Uncapturable, closure_key
 from dlm_toolkit.hooks import StepHook
-from dlm_toolkit.step.rule_capture import RuleRunners, captured
+from dlm_toolkit.decoding.rule_capture import RuleRunners, captured
 from dlm_toolkit.strategy import Output
 from dlm_toolkit.testing import make_context
 from strategies.m2t_threshold import ThresholdUnmask

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dlm_toolkit import DecodingPolicy
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.strategy.registry import M2T, REMASK
 from dlm_toolkit.testing import make_context
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from dlm_toolkit.models.chat import chat_ids, chat_text, encode_prompt, messages_for, use_chat
 from dlm_toolkit.cli import main
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
 from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.tasks import get_task

@@ -98,7 +98,7 @@ class TestReference(UnmaskRuleContract):
                 default_device=None):
         import contextlib
 
-        from dlm_toolkit.step.loop import decode
+        from dlm_toolkit.decoding.loop import decode
         from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 
         model = _with_joint(ScriptedLM)(mixing_logits(24, seed=seed, scale=2.5, mix=2.0), 24, 23, 22, attention=attention)

@@ -12,7 +12,7 @@ import torch
 import tp_worker
 from tp_worker import DLM, TORCHRUN, run_bounded
 
-from dlm_toolkit.util.distributed import init_from_env, is_main_process
+from dlm_toolkit.models.distributed import init_from_env, is_main_process
 from dlm_toolkit.models import CheckpointError, LLaDA2MoeModelLM, TensorParallel, load_model, save_model
 from dlm_toolkit.models.llada2 import Rope
 from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
@@ -188,7 +188,7 @@ def test_a_rank_whose_peer_vanished_still_exits(tmp_path):
     script = tmp_path / "vanish.py"
     script.write_text(
         "import os, sys, time\n"
-        "import dlm_toolkit.util.distributed as d\n"
+        "import dlm_toolkit.models.distributed as d\n"
         "d.SHUTDOWN_WAIT_S = 5.0\n"
         "tp, _ = d.init_from_env('cpu')\n"
         "if tp.rank == 1:\n"
@@ -251,7 +251,7 @@ def test_ranks_that_differ_all_stop_naming_the_rank_and_the_field(random_checkpo
 
 
 def test_run_fields_name_every_argument_and_digest_the_files_they_name(tmp_path):
-    from dlm_toolkit.util.distributed import file_digest, run_fields
+    from dlm_toolkit.models.distributed import file_digest, run_fields
 
     (tmp_path / "p.json").write_text('{"a": 1}')
     base = ["dlm", "decode", "--checkpoint", str(tmp_path), "--policy", str(tmp_path / "p.json"), "--seed", "3",
@@ -270,7 +270,7 @@ def test_run_fields_name_every_argument_and_digest_the_files_they_name(tmp_path)
 
 
 def test_a_large_file_digest_sees_a_changed_sample_and_its_size(tmp_path):
-    from dlm_toolkit.util.distributed import SAMPLES, SMALL_FILE, file_digest
+    from dlm_toolkit.models.distributed import SAMPLES, SMALL_FILE, file_digest
 
     size = SMALL_FILE * 4
     data = bytearray(size)

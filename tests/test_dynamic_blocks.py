@@ -15,7 +15,7 @@ from dlm_toolkit import ConfigError, DecodingPolicy, StrategyError, decode
 from dlm_toolkit.strategy.registry import BLOCKS
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 
-decode_module = importlib.import_module("dlm_toolkit.step.loop")
+decode_module = importlib.import_module("dlm_toolkit.decoding.loop")
 VOCAB, MASK, EOS = 24, 23, 22
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.evaluation.evaluate import load_checkpoint
 from dlm_toolkit.evaluation.generate import cut_at_stop, generate, segmentable, validate_stops
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.tasks import get_task
 

@@ -284,7 +284,7 @@ def test_a_broken_hook_fails_the_matching_check(kind, check, message):
 def test_the_suite_recounts_forwards_per_block_itself(monkeypatch):
     """With the engine's own per-block bound lifted, the suite's recount still finds the hook that runs
     3 forwards a step over a bound of 12 (8 positions + 4 post steps) with no budget declared."""
-    from dlm_toolkit.step import loop
+    from dlm_toolkit.decoding import loop
 
     checks = loop.StepChecks
     monkeypatch.setattr(loop, "StepChecks", lambda policy, limit: checks(policy, 10_000))

@@ -20,7 +20,7 @@ from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 from strategies.blocks_semi_ar import SemiAutoregressive
 
-decode_module = importlib.import_module("dlm_toolkit.step.loop")
+decode_module = importlib.import_module("dlm_toolkit.decoding.loop")
 indel_module = importlib.import_module("dlm_toolkit.hooks.indel")
 IndelEdit = T2T.get("indel")
 EAGER = {"delete_threshold": 0.3, "insert_threshold": 0.3, "keep_below": 0.95}  # repairs often on a random model

@@ -24,35 +24,32 @@ PKG = ROOT / "dlm_toolkit"
 # branch of issue 36 Part 2 in files this branch does not own. The lead empties this list after
 # the merge; an entry whose edge no longer exists fails test_known_exceptions_still_exist (unless its
 # importer is a module this tree does not have yet).
-KNOWN_EXCEPTIONS: list[tuple[str, str]] = [
-    # Jupyter's display hook: Trajectory._repr_html_ renders with the viewer (a function-local import, the
-    # one place the step names a tool); no cycle, the viewer imports the trajectory for types only
-    ("step.trajectory", "viewer"),
-]
+KNOWN_EXCEPTIONS: list[tuple[str, str]] = []
 
 # The architecture, as imports that must not exist: (importer prefix, imported prefixes, why).
 # A prefix is a dotted path below dlm_toolkit ("step" matches step and step.*).
 DECODE_CORE_NEVER = ("training", "evaluation", "sweep", "tasks", "commands", "integrations", "viewer",
                      "testing", "cli")
-STEP_BELOW_LOOP = ("step.engine", "step.segments", "step.canvas", "step.flags", "step.state", "step.capture",
-                   "step.rule_capture", "step.sampling", "step.rng", "step.trajectory")
+STEP_BELOW_LOOP = ("decoding.engine", "step", "decoding.rule_capture")
 RULES: list[tuple[str | tuple[str, ...], tuple[str, ...], str]] = [
     ("step", DECODE_CORE_NEVER, "the decode step runs a policy; it knows no training, task or tool"),
     ("hooks", DECODE_CORE_NEVER, "a hook is part of the step"),
     ("strategy", DECODE_CORE_NEVER, "the authoring API and policies are part of the step"),
-    (STEP_BELOW_LOOP, ("strategy.policy",), "only the loop builds a policy; the parts it drives get one built"),
-    ("step.loop", ("hooks.verify", "hooks.shadow", "hooks.indel", "hooks.dynamic_blocks"),
+    ("decoding", DECODE_CORE_NEVER, "the loop runs a policy; it knows no training, task or tool"),
+    (STEP_BELOW_LOOP, ("decoding.policy",), "only the loop builds a policy; the parts it drives get one built"),
+    ("step", ("strategy", "hooks", "decoding"), "the step's public types and mechanics are the leaf the rest builds on"),
+    ("strategy", ("hooks", "decoding"), "the rules API sits below the hooks and the loop that compose it"),
+    ("hooks", ("decoding",), "a hook sees the step through its stages and StepContext, not the loop"),
+    ("decoding.loop", ("hooks.verify", "hooks.shadow", "hooks.indel", "hooks.dynamic_blocks"),
      "the loop calls hooks through the StepHook protocol, never one by name"),
-    ("step.engine", ("hooks.verify", "hooks.shadow", "hooks.indel", "hooks.dynamic_blocks"),
+    ("decoding.engine", ("hooks.verify", "hooks.shadow", "hooks.indel", "hooks.dynamic_blocks"),
      "the engine forwards segments; it knows no hook by name"),
-    ("hooks", ("step.loop",), "a hook sees the step through its stages and StepContext, not the loop"),
-    ("strategy", ("step.loop", "step.engine"), "rules see the step through StepContext"),
-    ("models", ("step", "hooks", "strategy", "training", "evaluation", "sweep", "tasks", "commands",
+    ("models", ("step", "hooks", "strategy", "decoding", "training", "evaluation", "sweep", "tasks", "commands",
                 "integrations", "viewer", "testing", "cli"),
      "a model is a model: it knows nothing of decoding, tasks or tools"),
-    ("util", ("step", "hooks", "training", "evaluation", "sweep", "tasks", "commands", "integrations",
+    ("util", ("config", "models", "step", "hooks", "strategy", "decoding", "training", "evaluation", "sweep", "tasks", "commands", "integrations",
               "viewer", "testing", "cli"), "plumbing sits below everything it serves"),
-    ("config", ("step", "hooks", "strategy", "training", "evaluation", "sweep", "tasks", "commands",
+    ("config", ("step", "hooks", "strategy", "decoding", "training", "evaluation", "sweep", "tasks", "commands",
                 "models", "viewer", "testing", "cli"), "config is a leaf beside util"),
 ]
 
@@ -61,20 +58,24 @@ FLAT = {"__init__", "_aliases", "cli", "config"}
 
 # The old flat paths and their new homes, written out here independently of dlm_toolkit/_aliases.py.
 OLD_TO_NEW = {
-    "decode": "step.loop", "engine": "step.engine", "state": "step.state", "capture": "step.capture",
-    "rule_capture": "step.rule_capture", "sampling": "step.sampling", "rng": "step.rng",
+    "decode": "decoding.loop", "engine": "decoding.engine", "state": "step.state", "capture": "step.capture",
+    "rule_capture": "decoding.rule_capture", "sampling": "step.sampling", "rng": "step.rng",
     "trajectory": "step.trajectory",
     "verify": "hooks.verify", "shadow": "hooks.shadow", "indel": "hooks.indel",
     "blocks_dynamic": "hooks.dynamic_blocks",
-    "registry": "strategy.registry", "policy": "strategy.policy", "policy_config": "strategy.policy_config",
+    "registry": "strategy.registry", "policy": "decoding.policy", "policy_config": "strategy.policy_config",
     "selection": "strategy.selection", "catalogue": "strategy.catalogue", "presets": "strategy.presets",
     "training_claim": "training.claim", "training_config": "training.config",
     "training_objective": "training.objective", "training_resume": "training.resume",
     "evaluate": "evaluation.evaluate", "generate": "evaluation.generate",
     "conformance": "evaluation.conformance", "stats": "evaluation.stats", "plots": "evaluation.plots",
     "tokenizer": "models.tokenizer", "chat": "models.chat",
-    "files": "util.files", "distributed": "util.distributed", "runtime": "util.runtime",
-    "provenance": "util.provenance",
+    "files": "util.files", "distributed": "models.distributed", "runtime": "util.runtime",
+    "provenance": "sweep.provenance",
+    # moved again so that util imports nothing above it (issue 43)
+    "util.distributed": "models.distributed", "util.provenance": "sweep.provenance",
+    "step.loop": "decoding.loop", "step.engine": "decoding.engine", "step.rule_capture": "decoding.rule_capture",
+    "strategy.policy": "decoding.policy",
 }
 # Modules that became packages of the same name and re-export the old module's names.
 REPLACED = {"hooks": ("hooks.base", "StepHook"), "strategy": ("strategy.base", "StepContext"),
@@ -303,7 +304,8 @@ decode_fn = dlm_toolkit.decode
 for old, new in old_to_new.items():
     a = importlib.import_module("dlm_toolkit." + old)
     b = importlib.import_module("dlm_toolkit." + new)
-    out[old] = [a is b, a.__name__, a.__spec__.name, getattr(dlm_toolkit, old) is b or old == "decode"]
+    parent, _, leaf = ("dlm_toolkit." + old).rpartition(".")
+    out[old] = [a is b, a.__name__, a.__spec__.name, getattr(sys.modules[parent], leaf) is b or old == "decode"]
 out["decode is still the function"] = dlm_toolkit.decode is decode_fn and callable(dlm_toolkit.decode)
 import dlm_toolkit.decode as d
 out["import dlm_toolkit.decode as d"] = d is decode_fn

@@ -208,7 +208,7 @@ def test_generate_until_honours_until_and_max_gen_toks():
     no further than the block it appeared in; max_gen_toks bounds the tokens."""
     from lm_eval.api.instance import Instance
 
-    from dlm_toolkit.step.loop import decode
+    from dlm_toolkit.decoding.loop import decode
     from dlm_toolkit.integrations.lm_eval import DlmLM
     from dlm_toolkit.step.state import row_seed
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from dlm_toolkit.evaluation.conformance import case_policy, observed
-from dlm_toolkit.step.loop import decode
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.loop import decode
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.strategy.registry import M2T, REMASK, T2T
 from dlm_toolkit.testing.models import tiny_llada2
 

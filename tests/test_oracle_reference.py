@@ -14,7 +14,7 @@ import torch
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.evaluation.evaluate import evaluate
 from dlm_toolkit.models.oracle import load_oracle
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.tasks import get_task
 from test_oracle import brute_answers, brute_marginal
 
@@ -72,7 +72,7 @@ def test_reference_rule_commits_the_longest_prefix_within_eps():
     two, eps = 1/6 exactly also two (>= is inclusive), eps just below 1/6 one, eps = 0.45 three."""
     model, tok = load_oracle("oracle:list_shuffle")
     task = get_task("list_shuffle", n_items=6)
-    from dlm_toolkit.step.loop import decode
+    from dlm_toolkit.decoding.loop import decode
 
     prompts = [tok.encode(i.prompt) for i in task.instances(40, 0, "eval")]
     for eps, first in [(0.2, 2), (1 / 6, 2), (1 / 6 - 1e-4, 1), (0.45, 3), (0.0, 1), (1.0, 6)]:
@@ -101,7 +101,7 @@ def test_reference_rule_accuracy_has_its_closed_form(eps, p, n):
 
 
 def test_other_models_are_refused_in_one_line():
-    from dlm_toolkit.step.loop import decode
+    from dlm_toolkit.decoding.loop import decode
     from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 
     model = ScriptedLM(mixing_logits(24), 24, 23, 22)

@@ -46,5 +46,5 @@ def test_the_readme_step_lists_every_file_a_default_decode_runs():
     model, policy = tiny_llada2(seed=3), DecodingPolicy("llada2.1-q")  # the policy built before: the step only
     decode(model, [[5, 6, 7]], policy, 8)  # imports and first-use caches out of the way
     files = traced(lambda: decode(model, [[5, 6, 7], [8, 9]], policy, 8))
-    assert "dlm_toolkit/step/loop.py" in files and "strategies/blocks_semi_ar.py" in files  # the tracer sees them
+    assert "dlm_toolkit/decoding/loop.py" in files and "strategies/blocks_semi_ar.py" in files  # the tracer sees them
     assert listed() == files

@@ -249,7 +249,7 @@ def test_the_engines_window_pattern_without_the_cache_is_its_rule(align):
     # the engine's one-comparison pattern of the cache-off window (StepEngine.prefix_pattern) against
     # the generic rule (keys of the query's group or earlier, real slots only) on random window ends and
     # live rows; align "prompt" puts positions before the origin in group -1
-    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.decoding.engine import StepEngine
     from dlm_toolkit.step.segments import layout
     from dlm_toolkit.step.state import DecodeState
 

@@ -15,7 +15,7 @@ from dlm_toolkit import REMASK, T2T, ConfigError, DecodingPolicy, StrategyError,
 from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.testing import ScriptedLM, make_context, mixing_logits, tiny_llada2
 from test_catalogue_v2 import EOS, MASK, VOCAB, random_problem
-decode_module = importlib.import_module("dlm_toolkit.step.loop")
+decode_module = importlib.import_module("dlm_toolkit.decoding.loop")
 
 
 def reference_wino_shadow(fn, prompt: list[int], gen: int, block: int, tau1: float, tau2: float

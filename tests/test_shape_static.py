@@ -21,7 +21,7 @@ from dlm_toolkit import ConfigError, DecodingPolicy, decode
 from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 
 ROOT = Path(__file__).resolve().parents[1]
-decode_module = importlib.import_module("dlm_toolkit.step.loop")  # the package exports the function by that name
+decode_module = importlib.import_module("dlm_toolkit.decoding.loop")  # the package exports the function by that name
 conformance_module = importlib.import_module("dlm_toolkit.evaluation.conformance")
 
 

@@ -16,7 +16,7 @@ import torch
 
 from dlm_toolkit import DecodingPolicy
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.step.loop import step_context
+from dlm_toolkit.decoding.loop import step_context
 from dlm_toolkit.step.sampling import sample
 from dlm_toolkit.strategy.selection import top1, topk_per_row
 from dlm_toolkit.step.state import DecodeState

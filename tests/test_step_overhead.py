@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from dlm_toolkit import DecodingPolicy, decode
-from dlm_toolkit.step import engine as engine_module
+from dlm_toolkit.decoding import engine as engine_module
 from dlm_toolkit.step.canvas import write_step
 from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagBoard, FlagTable, StrategyError, pending_payload
-from dlm_toolkit.step.loop import step_context
+from dlm_toolkit.decoding.loop import step_context
 from dlm_toolkit.step.state import COUNTERS, DecodeState
-from dlm_toolkit.strategy.policy import CHECKS, StepChecks
+from dlm_toolkit.decoding.policy import CHECKS, StepChecks
 from dlm_toolkit.testing import tiny_llada2
 from strategies.blocks_semi_ar import SemiAutoregressive
 

@@ -15,7 +15,7 @@ from dlm_toolkit.training import resume as training_resume
 from dlm_toolkit.cli import main as cli_main
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.models.tokenizer import build_char_tokenizer, special_ids
 from dlm_toolkit.training import (

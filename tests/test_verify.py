@@ -17,7 +17,7 @@ from dlm_toolkit.testing import ScriptedLM, mixing_logits, tiny_llada2
 from dlm_toolkit.testing.contracts_cases import build_context, random_case
 from dlm_toolkit.hooks.verify import verify_uniform
 
-decode_module = importlib.import_module("dlm_toolkit.step.loop")
+decode_module = importlib.import_module("dlm_toolkit.decoding.loop")
 B = 4  # block length of every decode here
 
 

@@ -183,6 +183,21 @@ def test_jupyter_repr_is_a_sandboxed_frame():
     assert html.startswith('<iframe sandbox="allow-scripts"') and "<script" not in html  # all of it inside srcdoc
 
 
+def test_jupyter_repr_comes_from_the_renderer_the_package_registered(monkeypatch):
+    """The step never imports the viewer: ``import dlm_toolkit`` registers it; with no renderer
+    registered Jupyter gets ``None`` (and shows ``repr``); the last one registered wins."""
+    from dlm_toolkit.step import trajectory as traj
+    from dlm_toolkit.viewer import view
+
+    trajectory = recorded().trajectory
+    assert trajectory._repr_html_() == view(trajectory)._repr_html_()
+    monkeypatch.setattr(traj, "_html_renderer", [])
+    assert trajectory._repr_html_() is None
+    traj.register_html_renderer(lambda t: f"<p>{len(t.steps)}</p>")
+    traj.register_html_renderer(lambda t: f"<b>{len(t.steps)}</b>")
+    assert trajectory._repr_html_() == f"<b>{len(trajectory.steps)}</b>"
+
+
 def test_write_page_refuses_existing_file_and_missing_folder(tmp_path):
     from dlm_toolkit.viewer import ViewerError, write_page
 

@@ -17,7 +17,7 @@ import torch
 
 from dlm_toolkit import DecodingPolicy, decode
 from dlm_toolkit.evaluation.conformance import case_policy, check_logits, compare, observed
-from dlm_toolkit.util.distributed import init_from_env
+from dlm_toolkit.models.distributed import init_from_env
 from dlm_toolkit.models import TensorParallel, load_model
 
 REPO = Path(__file__).resolve().parents[1]

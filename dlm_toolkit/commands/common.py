@@ -77,8 +77,8 @@ def check_cuda_graphs(cuda_graphs: bool | None, devices: Sequence[str | None], o
 def load_for_args(args: argparse.Namespace, path: str, need_tokenizer: bool = True, **ids: int | None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of checkpoint ``path`` on ``--device`` in ``--dtype``, with ``--threads``
     applied; ``ids``: ``mask_token_id``/``eos_token_id`` overrides. Under ``torchrun`` each rank
-    loads its shard of the model and only rank 0 prints (see :mod:`dlm_toolkit.util.distributed`)."""
-    from dlm_toolkit.util.distributed import init_from_env
+    loads its shard of the model and only rank 0 prints (see :mod:`dlm_toolkit.models.distributed`)."""
+    from dlm_toolkit.models.distributed import init_from_env
     from dlm_toolkit.evaluation.evaluate import load_checkpoint
     from dlm_toolkit.util.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 

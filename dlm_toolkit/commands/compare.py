@@ -95,7 +95,7 @@ def write_compare_html(args: argparse.Namespace, model: object, tokenizer: objec
     """``--html``: up to :data:`SHOWN` eval instances, those where A and B disagree first, decoded
     again, recorded, under A and B, side by side. Returns what the page shows, in words."""
     from dlm_toolkit.models.chat import use_chat
-    from dlm_toolkit.step.loop import decode
+    from dlm_toolkit.decoding.loop import decode
     from dlm_toolkit.evaluation.evaluate import task_prompt
     from dlm_toolkit.step.state import row_seed
     from dlm_toolkit.viewer import compare_page, page_title, write_page

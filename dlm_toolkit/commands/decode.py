@@ -11,7 +11,7 @@ from dlm_toolkit.config import ConfigError
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from dlm_toolkit.step.loop import decode
+    from dlm_toolkit.decoding.loop import decode
 
     check_cuda_graphs(args.cuda_graphs, [args.device])
     policy = policy_from_args(args)

@@ -36,14 +36,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from dlm_toolkit.evaluation.evaluate import evaluate
 
-    from dlm_toolkit.util.provenance import collect
+    from dlm_toolkit.sweep.provenance import collect
 
     model, tokenizer = load_for_args(args, args.checkpoint)
     prov = collect(policy, model)
     result = evaluate(model, tokenizer, task, policy, args.n, args.seed, batch_size=args.batch_size,
                       progress=not args.no_progress, threads=args.threads, cuda_graphs=args.cuda_graphs)
     run_id = None
-    from dlm_toolkit.util.distributed import is_main_process
+    from dlm_toolkit.models.distributed import is_main_process
 
     if args.tracking_uri and is_main_process():  # under torchrun every rank has the same result
         from dlm_toolkit.sweep.tracking import log_eval_run

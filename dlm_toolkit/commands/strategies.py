@@ -31,7 +31,7 @@ def describe_hooks() -> list[dict[str, str]]:
     """The step hooks the registered rules ask for: each rule put in its role of the default preset,
     and the policy built (no model) to collect its hooks. A rule that cannot be built that way is
     listed with what it asks for left open."""
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
     from dlm_toolkit.strategy.policy_config import load_policy
     from dlm_toolkit.strategy.presets import DEFAULT_PRESET
     from dlm_toolkit.strategy.registry import REGISTRIES

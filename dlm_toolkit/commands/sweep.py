@@ -253,7 +253,7 @@ def replay(storage: str, study_name: str, number: int, load: Callable[[str], tup
         error = error[:300] if isinstance(error, str) else None
         raise ConfigError(f"--trial {number}: trial has no stored policy (state {trial.state.name}"
                           + (f", error: {error}" if error else "") + ")")
-    from dlm_toolkit.util.provenance import changed_plugins, collect, plugin_hashes
+    from dlm_toolkit.sweep.provenance import changed_plugins, collect, plugin_hashes
 
     warnings = changed_plugins(trial_plugin_hashes(trial), plugin_hashes(collect(policy)))
     from dlm_toolkit.sweep.experiment import PRIVILEGED_TASK_ARGS, _takes

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.models.base import model_device
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.step.state import DecodeResult
 
 LOGITS_TOLERANCE = 1e-4

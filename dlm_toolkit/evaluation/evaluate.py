@@ -15,7 +15,7 @@ from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.evaluation.generate import generate, strip_eos  # noqa: F401  (strip_eos: re-exported, notebooks use it)
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.models.llada2 import TensorParallel
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.util.runtime import is_small, resolve_device, resolve_dtype, resolve_threads, threads_scope
 from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.tasks import Task, get_task
@@ -78,7 +78,7 @@ def evaluate(
             it to report intermediate quality for pruning.
         threads: intra-op CPU threads while evaluating (default: 1 for a small model, torch's
             default for a large one); restored afterwards.
-        cuda_graphs: as :func:`~dlm_toolkit.step.loop.decode`'s (``None``: on for a CUDA model).
+        cuda_graphs: as :func:`~dlm_toolkit.decoding.loop.decode`'s (``None``: on for a CUDA model).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ConfigError(f"n: must be an integer >= 1 (got {n!r})")
@@ -209,7 +209,7 @@ def load_checkpoint(path: str | Path, need_tokenizer: bool = True, *, device: st
     float32 on the CPU, bfloat16 on a GPU); see :mod:`dlm_toolkit.util.runtime`. ``mask_token_id`` /
     ``eos_token_id`` override the special ids (default: config.json, else the tokenizer).
     ``tp``: a :class:`~dlm_toolkit.models.llada2.TensorParallel` rank to load only its shard
-    (what :func:`dlm_toolkit.util.distributed.init_from_env` returns under ``torchrun``).
+    (what :func:`dlm_toolkit.models.distributed.init_from_env` returns under ``torchrun``).
     """
     from dlm_toolkit.models import load_model
     from dlm_toolkit.models.tokenizer import find_tokenizer

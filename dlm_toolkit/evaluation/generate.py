@@ -1,7 +1,7 @@
 """Text generation with stop strings: decode a batch and stop each row's further blocks once a
 stop string (or EOS) appears in its finished blocks.
 
-:func:`~dlm_toolkit.step.loop.decode` knows EOS but not text. Here a row is decoded in *segments*
+:func:`~dlm_toolkit.decoding.loop.decode` knows EOS but not text. Here a row is decoded in *segments*
 of ``stop_every`` blocks: after each segment the finished blocks' text is checked for the stop
 strings, and a row that has one (or an EOS) is not decoded further, so its remaining blocks cost
 no forwards (``blocks_skipped`` counts the blocks it did not decode). Segments end on block
@@ -30,9 +30,9 @@ from typing import Any, Sequence
 import torch
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.models.base import DiffusionLM
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.step.state import row_seed
 
 __all__ = ["Generation", "MAX_STOP_CHARS", "MAX_STOPS", "cut_at_stop", "generate", "segmentable", "strip_eos",
@@ -109,10 +109,10 @@ def generate(model: DiffusionLM, tokenizer: Any, prompts: Sequence[Sequence[int]
     """Decode ``prompts`` (ids) up to ``gen_length`` tokens each, stopping rows at ``stop`` strings.
 
     Args:
-        seeds: one random-stream seed per prompt (as :func:`~dlm_toolkit.step.loop.decode` takes).
+        seeds: one random-stream seed per prompt (as :func:`~dlm_toolkit.decoding.loop.decode` takes).
         stop_every: blocks per segment between stop checks (more: fewer decode calls and prefix
             recomputations, but up to that many blocks decoded past a stop string).
-        cuda_graphs: as :func:`~dlm_toolkit.step.loop.decode`'s.
+        cuda_graphs: as :func:`~dlm_toolkit.decoding.loop.decode`'s.
 
     Returns:
         The rows' :class:`Generation`, and the wall time of the decode calls.

@@ -2,7 +2,7 @@
 
 A rule of any role asks for hooks by defining ``step_hooks(policy, role) -> Sequence[StepHook]``
 (the :class:`~dlm_toolkit.hooks.verify.Verifier`, :class:`~dlm_toolkit.hooks.shadow.Shadow` and
-:class:`~dlm_toolkit.hooks.indel.Indel` mixins do). :class:`~dlm_toolkit.strategy.policy.DecodingPolicy` collects
+:class:`~dlm_toolkit.hooks.indel.Indel` mixins do). :class:`~dlm_toolkit.decoding.policy.DecodingPolicy` collects
 them once, when it is built (:func:`collect`, ``policy.hooks``), and the decode loop calls them at
 fixed stages without knowing which hooks it has:
 
@@ -35,7 +35,7 @@ one output, each as one :class:`~dlm_toolkit.config.ConfigError` naming the hook
 outside its role's region names the hook that put the position there, not the rule.
 
 A hook that needs a forward of its own (a verification) runs it from a stage with
-:meth:`StepEngine.extra_forward(segments, rows) <dlm_toolkit.step.engine.StepEngine.extra_forward>`,
+:meth:`StepEngine.extra_forward(segments, rows) <dlm_toolkit.decoding.engine.StepEngine.extra_forward>`,
 counted as one NFE of ``rows``; the engine lays it out, runs and counts it like the step's own.
 
 Two declared properties say which hooks cannot run together: ``moves_block`` (the hook moves or
@@ -60,12 +60,12 @@ import torch
 
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.step.flags import DeviceFlag, StrategyError
-from dlm_toolkit.strategy.outputs import Declared, HookOutputs, Output, hook_label
+from dlm_toolkit.step.outputs import Declared, HookOutputs, Output, hook_label
 
 if TYPE_CHECKING:
-    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.decoding.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
     from dlm_toolkit.step.segments import Segment
     from dlm_toolkit.step.state import DecodeState
     from dlm_toolkit.strategy.base import StepContext

@@ -60,10 +60,10 @@ from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, set_flag
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.strategy.base import StepContext
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 
 if TYPE_CHECKING:
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
 
 # kinds of an insert/delete error (column 0 of the INDEL flag's payload)
 BAD_INSERT, BAD_DELETE, OVERFLOW = 1, 2, 3
@@ -192,7 +192,7 @@ def indel_step(state: DecodeState, ctx: StepContext, rule: Indel) -> None:
 
 def checked(rule: Indel, ctx: StepContext, out: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``out`` if it is a pair of bool tensors shaped like the window, else a
-    :class:`~dlm_toolkit.strategy.policy.StrategyError` naming the rule (shapes and dtypes: no host read)."""
+    :class:`~dlm_toolkit.decoding.policy.StrategyError` naming the rule (shapes and dtypes: no host read)."""
     shape = tuple(ctx.tokens.shape)
     ok = isinstance(out, tuple) and len(out) == 2 and all(
         isinstance(t, torch.Tensor) and t.dtype == torch.bool and tuple(t.shape) == shape for t in out)

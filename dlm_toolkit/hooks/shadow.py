@@ -35,12 +35,12 @@ import torch
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.segments import Keys, Segment
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 
 if TYPE_CHECKING:
-    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.decoding.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
     from dlm_toolkit.step.state import DecodeState
     from dlm_toolkit.strategy.base import StepContext
 

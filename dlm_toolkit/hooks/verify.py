@@ -47,12 +47,12 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks.base import StepHook
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.strategy.base import StepContext
-from dlm_toolkit.strategy.outputs import Output
+from dlm_toolkit.step.outputs import Output
 
 if TYPE_CHECKING:
-    from dlm_toolkit.step.engine import StepEngine
+    from dlm_toolkit.decoding.engine import StepEngine
     from dlm_toolkit.models.base import DiffusionLM
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
     from dlm_toolkit.step.state import DecodeState
 
 VERIFY_DRAW = 1 << 12  # draw index of a verifier's random numbers: apart from the rules' own draws
@@ -159,7 +159,7 @@ def verify_step(engine: StepEngine, verifier: Verifier, ctx: StepContext, temper
 def verify_forward(engine: StepEngine, ctx: StepContext, rows: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
     """Logits ``(N, W, V)`` of the autoregressive-mode forward over ``[draft | masked copy of the
     active block]`` (module docstring) for ``rows``; counted as one NFE of each of them
-    (:meth:`~dlm_toolkit.step.engine.StepEngine.extra_forward`)."""
+    (:meth:`~dlm_toolkit.decoding.engine.StepEngine.extra_forward`)."""
     drafted, copy = verify_segments(engine, ctx, rows, draft)
     _, logits = engine.extra_forward([drafted, copy], rows)
     block_lo, _ = engine.state.block_bounds(engine.state.all_rows)

@@ -121,10 +121,10 @@ class DlmLM(LM):
                  mc_num: int = 128, mc_batch_size: int = 32, loglik_last_block: str = "pad",
                  pretrained: str | None = None) -> None:
         super().__init__()
-        from dlm_toolkit.util.distributed import init_from_env
+        from dlm_toolkit.models.distributed import init_from_env
         from dlm_toolkit.evaluation.evaluate import load_checkpoint
         from dlm_toolkit.integrations.loglik import check_last_block, check_mc_args
-        from dlm_toolkit.strategy.policy import DecodingPolicy
+        from dlm_toolkit.decoding.policy import DecodingPolicy
         from dlm_toolkit.strategy.policy_config import load_policy
         from dlm_toolkit.util.runtime import apply_threads, is_small, resolve_dtype, resolve_threads
 
@@ -410,7 +410,7 @@ def request_seeds(seed: int, requests: Sequence[Any]) -> list[int]:
 
 
 def _is_main() -> bool:
-    from dlm_toolkit.util.distributed import is_main_process
+    from dlm_toolkit.models.distributed import is_main_process
 
     return is_main_process()
 

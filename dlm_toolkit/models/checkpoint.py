@@ -11,7 +11,7 @@ plus one tensor. For the released models (their released configs, router weights
 
 * LLaDA2 mini: 16.26B parameters (1.43B active per token) -> ~32.5 GB in bfloat16, one GPU.
 * LLaDA2 flash: 102.9B parameters (6.15B active) -> ~206 GB in bfloat16: several GPUs. Pass
-  ``tp=TensorParallel(rank, world)`` (what ``dlm_toolkit.util.distributed.init_from_env`` returns under
+  ``tp=TensorParallel(rank, world)`` (what ``dlm_toolkit.models.distributed.init_from_env`` returns under
   ``torchrun``) and each rank builds only its shard and reads only its slices of each tensor
   (safetensors ``get_slice``), so its peak memory is about its shard (table in benchmarks/README.md).
 

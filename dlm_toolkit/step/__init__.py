@@ -1,1 +1,5 @@
-"""The decode step: the loop, the engine (forward), the canvas, state, sampling and capture."""
+"""The decode step's public types and mechanics: state, facts, flags, segments, canvas, sampling,
+rng, capture, trajectory, and what rules and hooks read (``context``: ``StepContext``,
+``Selection``; ``outputs``: ``Output``, ``HookOutputs``). A leaf below the rules API
+(``strategy``), the hooks and the loop (``decoding``): nothing here imports them, so the arrows
+point one way."""

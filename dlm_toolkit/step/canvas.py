@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from dlm_toolkit.step.context import StepContext
 from dlm_toolkit.step.facts import StepFacts
 from dlm_toolkit.step.state import COUNTERS, DecodeState
-from dlm_toolkit.strategy.base import StepContext
 
 INSERTS, DELETES = COUNTERS.index("inserts"), COUNTERS.index("deletes")
 STEP_COUNTERS = COUNTERS[:8]  # what write_step counts, in this order

@@ -1,5 +1,5 @@
 """What the host knows about one step: a value returned by the engine's one host read
-(:meth:`~dlm_toolkit.step.engine.StepEngine.read`) and passed to every stage that uses it (the block
+(:meth:`~dlm_toolkit.decoding.engine.StepEngine.read`) and passed to every stage that uses it (the block
 schedule's ``prepare`` and ``finish_step``, the forward, :func:`~dlm_toolkit.step.canvas.write_step`).
 
 Nothing here is ever written into the :class:`~dlm_toolkit.step.state.DecodeState`: a step that did not

@@ -4,14 +4,14 @@ A step never reads the device on the host to find out that something went wrong 
 forbidden position, a dynamic block left the canvas, an insert pushed a token out of its block).
 Instead whoever finds it *sets a flag*: a per-row bool on the device, with an optional per-row
 payload of longs (e.g. ``(kind, lo, hi, position)``) kept from the row's first hit. The engine's
-one host read (:meth:`~dlm_toolkit.step.engine.StepEngine.read`) carries every flag's pending values
+one host read (:meth:`~dlm_toolkit.decoding.engine.StepEngine.read`) carries every flag's pending values
 along with the rest of what it reads; on a hit, the flag's message factory builds one error (host
 reads are allowed there: the decode is failing) and the decode raises it.
 
 A flag is declared once, as a :class:`DeviceFlag` (name, message factory, error class, payload
 width). Who may declare one:
 
-- the core: the step checks (:class:`~dlm_toolkit.strategy.policy.StepChecks`) and the engine's own
+- the core: the step checks (:class:`~dlm_toolkit.decoding.policy.StepChecks`) and the engine's own
   schedule errors, with :func:`declare` when their module is imported;
 - any step hook, through its ``device_flags()`` stage (:mod:`dlm_toolkit.hooks`).
 

@@ -13,7 +13,7 @@ which slots are real, its attention groups, and how its queries see
 and which of its slots it writes into the KV cache (``write``; ``None``: none). Every slot sees
 itself (a padding query sees only itself, so no attention row is empty), and only real slots are
 ever seen. :func:`layout` turns a list of segments into the forward's ``(ids, pos, allowed)``;
-the engine (:meth:`~dlm_toolkit.step.engine.StepEngine.run`) adds the cache columns and runs it.
+the engine (:meth:`~dlm_toolkit.decoding.engine.StepEngine.run`) adds the cache columns and runs it.
 
 Examples (block-causal models):
 
@@ -93,7 +93,7 @@ class Segment:
 
 def check(segment: object, rows: int, who: str) -> Segment:
     """``segment`` if it is a :class:`Segment` whose tensors are shaped ``(rows, T)`` with the
-    dtypes of its fields, else a :class:`~dlm_toolkit.strategy.policy.StrategyError` naming ``who`` and the
+    dtypes of its fields, else a :class:`~dlm_toolkit.decoding.policy.StrategyError` naming ``who`` and the
     field (metadata only: no host read)."""
     if not isinstance(segment, Segment):
         raise StrategyError(f"{who}: a forward segment must be a dlm_toolkit.step.segments.Segment, got "

@@ -310,7 +310,7 @@ class RowResult:
 
 @dataclass
 class DecodeResult:
-    """What :func:`~dlm_toolkit.step.loop.decode` returns. ``tokens_per_second`` counts generated
+    """What :func:`~dlm_toolkit.decoding.loop.decode` returns. ``tokens_per_second`` counts generated
     tokens up to and including each row's first EOS over the whole wall time."""
 
     rows: list[RowResult]

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 if TYPE_CHECKING:
     from dlm_toolkit.step.state import DecodeState
-    from dlm_toolkit.strategy.base import StepContext
+    from dlm_toolkit.step.context import StepContext
+
+# Jupyter's display of a trajectory is drawn by the viewer, a tool far above the step: the step must
+# not import it, so the package's top level (dlm_toolkit/__init__.py, imported before any of its
+# modules) registers the viewer's renderer here, as IPython registers formatters by type.
+_html_renderer: list[Callable[[Trajectory], str]] = []
+
+
+def register_html_renderer(render: Callable[[Trajectory], str]) -> None:
+    """Make ``render(trajectory)`` the HTML that Jupyter shows for a :class:`Trajectory` (the last
+    one registered wins)."""
+    _html_renderer[:] = [render]
 
 
 @dataclass
@@ -125,12 +136,11 @@ class Trajectory:
         self.mask_token_id, self.eos_token_id = state.mask_token_id, state.eos_token_id
         self.block_length = state.block_length
 
-    def _repr_html_(self) -> str:
-        """Jupyter shows the trajectory as the stepping viewer (:mod:`dlm_toolkit.viewer`; token
-        ids as text: ``viewer.view(trajectory, tokenizer)`` shows the tokenizer's text)."""
-        from dlm_toolkit.viewer import view
-
-        return view(self)._repr_html_()
+    def _repr_html_(self) -> str | None:
+        """Jupyter shows the trajectory as the stepping viewer (:mod:`dlm_toolkit.viewer`, registered
+        by ``import dlm_toolkit``; token ids as text: ``viewer.view(trajectory, tokenizer)`` shows the
+        tokenizer's text). ``None`` (Jupyter falls back to ``repr``) if no renderer is registered."""
+        return _html_renderer[0](self) if _html_renderer else None
 
     def for_row(self, row: int) -> list[StepRecord]:
         return [s for s in self.steps if s.row == row]

@@ -1,4 +1,6 @@
-"""The strategy authoring API (``base``), the registry, policies and the catalogue.
+"""The strategy authoring API (``base``), the registry, policy configs and the catalogue.
+
+``DecodingPolicy`` (rules and hooks composed) lives above in :mod:`dlm_toolkit.decoding.policy`.
 
 Re-exports the public names of ``base.py`` (the module this package replaced)."""
 

@@ -35,7 +35,7 @@ def reference_curve(model: Any, tokenizer: Any, task: Any, base_policy: Any, n: 
     """``[{eps, tpf, accuracy, n}]``: the reference rule at each ``eps`` with ``base_policy``'s blocks and
     sampling (no edits, no remasking), on ``n`` eval instances of ``task`` from ``seed``."""
     from dlm_toolkit.evaluation.evaluate import evaluate
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
 
     out = []
     for eps in eps_grid:

@@ -88,7 +88,7 @@ def check_resources(exp: Experiment, storage: str, tracking_uri: str, heartbeat_
     Returns ``(model, tokenizer, storage, tracker)``; ``store``: the storage, already open.
     """
     from dlm_toolkit.evaluation.evaluate import check_task_context, load_checkpoint
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
     from dlm_toolkit.tasks import get_task
 
     check_sqlite_folder(storage, "storage")

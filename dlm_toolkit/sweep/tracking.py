@@ -286,7 +286,7 @@ class TrialRun:
 
     def log_provenance(self, provenance: Mapping[str, Any]) -> None:
         """Tags ``provenance.*`` (commit, versions, device, dtype, plug-ins with their hashes) and
-        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.util.provenance`)."""
+        the whole record as ``provenance.json`` (see :mod:`dlm_toolkit.sweep.provenance`)."""
         tags = {f"provenance.{k}": str(v) for k, v in provenance.items() if k != "plugins" and v is not None}
         tags["provenance.plugins"] = " ".join(f"{p['class']}@{(p['sha256'] or '')[:12]}" for p in provenance["plugins"])
         from mlflow.entities import RunTag
@@ -309,7 +309,7 @@ class TrialRun:
         when the page cannot be made (the reason goes to the tag ``trajectory_html_error``: a
         trial is never failed by its picture)."""
         from dlm_toolkit.models.chat import use_chat
-        from dlm_toolkit.step.loop import decode
+        from dlm_toolkit.decoding.loop import decode
         from dlm_toolkit.evaluation.evaluate import task_prompt
         from dlm_toolkit.step.state import row_seed
         from dlm_toolkit.viewer import fit_every, trajectory_page

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dlm_toolkit.util import provenance
+from dlm_toolkit.sweep import provenance
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.util.files import parse_json
 from dlm_toolkit.strategy.policy_config import load_policy

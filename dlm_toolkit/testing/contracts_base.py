@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, StrategyConfig
-from dlm_toolkit.step.loop import decode
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.loop import decode
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.strategy.registry import REGISTRIES
 from dlm_toolkit.step.state import row_seed

@@ -8,8 +8,8 @@ import random
 import torch
 
 from dlm_toolkit.config import RoleSpec
-from dlm_toolkit.step.loop import decode
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.loop import decode
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.step.state import row_seed
 from dlm_toolkit.strategy.base import BlockSchedule, Strategy
 from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract

@@ -19,7 +19,7 @@ from typing import Any
 from dlm_toolkit.strategy.base import Strategy
 from dlm_toolkit.testing.scripted import ScriptedLM, mixing_logits
 
-engine = importlib.import_module("dlm_toolkit.step.loop")  # the package exports the function under this name
+engine = importlib.import_module("dlm_toolkit.decoding.loop")  # the package exports the function under this name
 
 
 class _UncountedLM(ScriptedLM):

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import torch
 
-from dlm_toolkit.step.loop import decode
-from dlm_toolkit.strategy.policy import DecodingPolicy, StrategyError
+from dlm_toolkit.decoding.loop import decode
+from dlm_toolkit.decoding.policy import DecodingPolicy, StrategyError
 from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.strategy.base import BlockSchedule, Strategy
 from dlm_toolkit.testing.contracts_blocks import BlockScheduleContract

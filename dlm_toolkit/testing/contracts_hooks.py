@@ -47,13 +47,13 @@ import torch
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.hooks.base import STAGES, StepHook, check_combinations, check_hook, label, overrides
 from dlm_toolkit.models.base import DiffusionLM
-from dlm_toolkit.step.engine import StepEngine
+from dlm_toolkit.decoding.engine import StepEngine
 from dlm_toolkit.step.flags import DeviceFlag, FlagTable
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.step.state import DecodeResult, row_seed
 from dlm_toolkit.step.trajectory import Trajectory
-from dlm_toolkit.strategy.outputs import HookOutputs
-from dlm_toolkit.strategy.policy import DecodingPolicy, StrategyError
+from dlm_toolkit.step.outputs import HookOutputs
+from dlm_toolkit.decoding.policy import DecodingPolicy, StrategyError
 from dlm_toolkit.testing.contracts_capture import capture_problems
 from dlm_toolkit.testing.host_syncs import HostSyncs
 from dlm_toolkit.testing.models import tiny_llada2

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from dlm_toolkit.config import RoleSpec
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.strategy.selection import remaskable
 from dlm_toolkit.strategy.base import ROLE_SELECTION, StepContext, Strategy
 from dlm_toolkit.testing.contracts_base import _policy, _StrategyContract, on_meta_default

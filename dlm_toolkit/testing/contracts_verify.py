@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from dlm_toolkit.step.loop import decode
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.loop import decode
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.strategy.base import StepContext, Strategy
 from dlm_toolkit.testing.contracts_cases import _as_tensor, build_context, random_case
 from dlm_toolkit.testing.contracts_rules import UnmaskRuleContract

@@ -2,7 +2,7 @@
 
 The suites of :mod:`dlm_toolkit.testing` check a plug-in author's rule with plain ``assert``s whose
 messages say what broke (the rule, where, what was expected), and the decode they run refuses a rule
-that breaks its role's contract with a :class:`~dlm_toolkit.strategy.policy.StrategyError` that says the
+that breaks its role's contract with a :class:`~dlm_toolkit.decoding.policy.StrategyError` that says the
 same. pytest's default report prints the source of every frame instead -- pages of the suite's and
 the engine's code that the author did not write. Where a test fails on an ``AssertionError`` raised
 inside the suites, or on a ``StrategyError`` while a suite runs, the report keeps the message, the
@@ -37,7 +37,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     excinfo = call.excinfo
     if not report.failed or excinfo is None:
         return
-    from dlm_toolkit.strategy.policy import StrategyError  # here: pytest loads the plug-in in every run, torch or not
+    from dlm_toolkit.decoding.policy import StrategyError  # here: pytest loads the plug-in in every run, torch or not
 
     if not excinfo.errisinstance((AssertionError, StrategyError)):
         return

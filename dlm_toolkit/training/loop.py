@@ -190,7 +190,7 @@ def check_before_work(config: TrainConfig, tokenizer: Any, out: Path, n_params: 
     Raises:
         ConfigError: naming the field (``eval_preset``, ``max_position_embeddings``, ``out``).
     """
-    from dlm_toolkit.strategy.policy import DecodingPolicy
+    from dlm_toolkit.decoding.policy import DecodingPolicy
 
     try:
         policy = DecodingPolicy(config.eval_preset)

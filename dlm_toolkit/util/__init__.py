@@ -1,1 +1,1 @@
-"""Plumbing shared by every part: atomic files, distributed helpers, runtime, provenance."""
+"""Plumbing shared by every part, importing nothing above it: atomic files, runtime, the config error."""

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from dlm_toolkit.config import ConfigError
+from dlm_toolkit.util.errors import ConfigError
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32,

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dlm_toolkit.evaluation.evaluate import evaluate, load_checkpoint
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 
 PRESETS = {
     "llada2.1-q": ("llada2.1-q", {}),

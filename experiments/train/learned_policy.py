@@ -24,9 +24,9 @@ import torch
 from safetensors.torch import save_file
 
 from dlm_toolkit import StepContext, UnmaskRule
-from dlm_toolkit.step.loop import decode
+from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.evaluation.evaluate import load_checkpoint, task_prompt
-from dlm_toolkit.strategy.policy import DecodingPolicy
+from dlm_toolkit.decoding.policy import DecodingPolicy
 from dlm_toolkit.tasks import get_task
 from dlm_toolkit.models.chat import use_chat
 from strategies.m2t_learned import FEATURES, FORMAT, VERSION, features, score

@@ -52,10 +52,10 @@ from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.step.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy.base import BlockSchedule
-from dlm_toolkit.strategy.outputs import hook_label
+from dlm_toolkit.step.outputs import hook_label
 
 if TYPE_CHECKING:
-    from dlm_toolkit.strategy.policy import StepChecks
+    from dlm_toolkit.decoding.policy import StepChecks
 
 FORWARD_TOKENS = COUNTERS.index("forward_tokens")
 CaptureMode = Literal["eager", "compile", "cuda_graphs"]

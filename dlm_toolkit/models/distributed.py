@@ -33,7 +33,7 @@ from datetime import timedelta
 
 import torch
 
-from dlm_toolkit.config import ConfigError
+from dlm_toolkit.util.errors import ConfigError
 from dlm_toolkit.models.llada2 import TensorParallel
 from dlm_toolkit.util.runtime import resolve_device
 

@@ -11,7 +11,7 @@ does not know which hooks it runs. Every canvas write is :mod:`dlm_toolkit.step.
 keep no state; the :class:`DecodeState` holds it all.
 
 The forwards themselves (shapes, attention patterns, the KV cache, the one host read per step) are
-:class:`~dlm_toolkit.step.engine.StepEngine`'s, in :mod:`dlm_toolkit.step.engine`.
+:class:`~dlm_toolkit.decoding.engine.StepEngine`'s, in :mod:`dlm_toolkit.decoding.engine`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from dlm_toolkit.step.canvas import write_step
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
-from dlm_toolkit.step.engine import CaptureMode, StepEngine, shared
+from dlm_toolkit.decoding.engine import CaptureMode, StepEngine, shared
 from dlm_toolkit.step.facts import StepFacts
 from dlm_toolkit.hooks.base import HookStages, run_stage
-from dlm_toolkit.strategy.policy import DecodingPolicy, StepChecks
-from dlm_toolkit.step.rule_capture import RuleRunners
+from dlm_toolkit.decoding.policy import DecodingPolicy, StepChecks
+from dlm_toolkit.decoding.rule_capture import RuleRunners
 from dlm_toolkit.step.state import DecodeResult, DecodeState, row_seeds, validate_prompts
 from dlm_toolkit.strategy.base import StepContext
 from dlm_toolkit.step.trajectory import Trajectory
@@ -71,7 +71,7 @@ def decode(
             runs past the model's ``max_position_embeddings``; refused by default, since the
             model has never seen those positions.
         cuda_graphs: capture the model forward once per (batch bucket, width, canvas), and each
-            rule of the policy once per layout (:mod:`dlm_toolkit.step.rule_capture`), in CUDA graphs
+            rule of the policy once per layout (:mod:`dlm_toolkit.decoding.rule_capture`), in CUDA graphs
             and replay them; ``None``: on when the model is on CUDA. A rule that cannot be
             captured runs eagerly after one warning naming it (same tokens). Rows are padded to a
             bucket of :data:`BUCKETS` (a larger batch is decoded in slices of the largest bucket)

@@ -74,7 +74,7 @@ def _plugin(role: str, name: str) -> dict[str, Any]:
 
 def collect(policy: Any, model: Any = None) -> dict[str, Any]:
     """The provenance of a result of ``policy`` (a :class:`~dlm_toolkit.strategy.policy_config.PolicyConfig` or
-    :class:`~dlm_toolkit.strategy.policy.DecodingPolicy`) computed with ``model`` (device and dtype)."""
+    :class:`~dlm_toolkit.decoding.policy.DecodingPolicy`) computed with ``model`` (device and dtype)."""
     import torch
     import transformers
 

@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 
 from dlm_toolkit.step.capture import Channel, StepRunner, Uncapturable, closure_key
 from dlm_toolkit.strategy.base import Selection, StepContext, Strategy
-from dlm_toolkit.strategy.outputs import HookOutputs
+from dlm_toolkit.step.outputs import HookOutputs
 
 CTX_TENSORS = ("rows", "positions", "tokens", "valid", "masked", "is_prompt", "in_block", "editable", "sampled",
                "confidence", "logits", "written_step", "written_conf", "step", "block", "block_step",
