@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Bad input (our checks: a policy, a checkpoint, stop strings, ``max_gen_toks`` past the context,
     ``mc_num``, a loglikelihood request past the context) exits 2 with one line. Under ``torchrun`` the model
-    joins the process group as it loads (:func:`dlm_toolkit.util.distributed.init_from_env`), which
+    joins the process group as it loads (:func:`dlm_toolkit.models.distributed.init_from_env`), which
     silences ``stdout`` on ranks other than 0, and lm-eval then saves results on rank 0 only.
     """
     from lm_eval.__main__ import cli_evaluate
