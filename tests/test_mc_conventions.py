@@ -20,11 +20,12 @@ from dlm_toolkit.integrations.lm_eval import delimiter_trap
 from dlm_toolkit.integrations.loglik import estimate_loglikelihood
 from dlm_toolkit.models.tokenizer import build_char_tokenizer
 from dlm_toolkit.tasks import get_task
-from dlm_toolkit.testing.models import tiny_llada2
+
+# the moderate-logit tiny model whose conditionals depend on the context (test_loglikelihood.py)
+from test_loglikelihood import MASK, tiny  # noqa: E402,F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "checkpoints" / "testbed-v2-editable"
-MASK = 15
 
 
 def pairs(tok, items):
@@ -74,18 +75,6 @@ def test_the_model_warns_once_per_run(caplog):
         lm.loglikelihood(reqs, disable_tqdm=True)
         lm.loglikelihood(reqs, disable_tqdm=True)
     assert caplog.text.count("continuations start with") == 1
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_llada2(0, logit_scale=10.0, vocab_size=16, mask_token_id=MASK, eos_token_id=14)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "query_key_value" in name:
-                param.mul_(5)
-            if "attention.dense" in name:
-                param.mul_(20)
-    return model
 
 
 def enumerated(model, ctx, cont, B, cut):

@@ -18,23 +18,8 @@ PKG = ROOT / "dlm_toolkit"
 
 Edges = dict[str, dict[str, list[str]]]  # package -> imported package -> ["file:line", ...]
 
-
-def _modules(pkg: Path, prefix: str) -> dict[str, Path]:
-    names = {}
-    for path in sorted(pkg.rglob("*.py")):
-        parts = list(path.relative_to(pkg).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        names[".".join([prefix, *parts])] = path
-    return names
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
-    return skip
+# the module graph's reader and cycle finder (tests/test_layout.py), used here on packages
+from test_layout import _type_checking_nodes, find_cycle, module_names as _modules  # noqa: E402
 
 
 def package_of(module: str, prefix: str) -> str:
@@ -78,33 +63,6 @@ def package_graph(pkg: Path, prefix: str) -> Edges:
                 if where not in found:
                     found.append(where)
     return edges
-
-
-def find_cycle(edges: Edges) -> list[str] | None:
-    """One circle as a closed path ``[a, b, ..., a]``, or ``None``."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(edges.get(node, {})):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
 
 
 def describe(cycle: list[str], edges: Edges) -> str:
