@@ -48,21 +48,23 @@ def plain_logp(model, canvas: list[int], at: int, token: int, B: int) -> float:
     return float(torch.log_softmax(logits[0, at].double(), -1)[token])
 
 
-def enumerated_elbo(model, ctx: list[int], cont: list[int], B: int, mask: int = MASK) -> float:
+def enumerated_elbo(model, ctx: list[int], cont: list[int], B: int, mask: int = MASK, cut: bool = False) -> float:
     """The block-wise ELBO by enumeration: for each block b, the canvas is the context and the
     earlier blocks clean, block b with every nonempty subset S of its continuation positions
-    masked (and positions past the continuation masked), cut at the block's end;
+    masked (and positions past the continuation masked), cut at the block's end (``cut``: at the
+    continuation's end, where that comes first -- LLaDA's convention);
     E_{k ~ U{1..l}, S ~ U(k-subsets)} (l/k) sum_{i in S} log p = sum_S sum_i log p / (k C(l, k))."""
     P = len(ctx)
     total = 0.0
     with torch.no_grad():
         for b in sorted({(P + j) // B for j in range(len(cont))}):
             lo, hi = b * B, (b + 1) * B
+            end = min(hi, P + len(cont)) if cut else hi
             mine = [P + j for j in range(len(cont)) if lo <= P + j < hi]
             l = len(mine)
             for k in range(1, l + 1):
                 for subset in itertools.combinations(mine, k):
-                    canvas = ([*ctx, *cont] + [mask] * hi)[:hi]
+                    canvas = ([*ctx, *cont] + [mask] * hi)[:end]
                     for p in subset:
                         canvas[p] = mask
                     for p in subset:

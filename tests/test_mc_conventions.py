@@ -5,10 +5,8 @@ meets its own enumerated ELBO; README's multiple-choice YAML runs as written."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import math
 import random
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from dlm_toolkit.models.tokenizer import build_char_tokenizer
 from dlm_toolkit.tasks import get_task
 
 # the moderate-logit tiny model whose conditionals depend on the context (test_loglikelihood.py)
-from test_loglikelihood import MASK, tiny  # noqa: E402,F401  (a fixture)
+from test_loglikelihood import enumerated_elbo, tiny  # noqa: E402,F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "checkpoints" / "testbed-v2-editable"
@@ -77,34 +75,13 @@ def test_the_model_warns_once_per_run(caplog):
     assert caplog.text.count("continuations start with") == 1
 
 
-def enumerated(model, ctx, cont, B, cut):
-    """The block-wise ELBO by enumeration, each block's canvas ending at the block's end padded with
-    masks (pad) or at the continuation's end (cut), with plain block-causal attention."""
-    P, total = len(ctx), 0.0
-    with torch.no_grad():
-        for b in sorted({(P + j) // B for j in range(len(cont))}):
-            lo, hi = b * B, (b + 1) * B
-            end = min(hi, P + len(cont)) if cut else hi
-            mine = [P + j for j in range(len(cont)) if lo <= P + j < hi]
-            l = len(mine)
-            for k in range(1, l + 1):
-                for subset in itertools.combinations(mine, k):
-                    canvas = ([*ctx, *cont] + [MASK] * hi)[:end]
-                    for p in subset:
-                        canvas[p] = MASK
-                    i = torch.arange(end)
-                    attn = (i[None, :] // B <= i[:, None] // B)[None]
-                    logp = torch.log_softmax(model.forward_window(torch.tensor([canvas]), i[None], attn)[0].double(), -1)
-                    total += sum(float(logp[p, cont[p - P]]) for p in subset) / (k * math.comb(l, k))
-    return total
-
-
 @pytest.mark.parametrize("last_block", ["pad", "cut"])
 def test_each_convention_meets_its_own_enumerated_elbo(tiny, last_block):
     ctx, cont = [1, 2, 3], [9, 4, 7]  # the last block (positions 4..7) holds two answer tokens and one pad
     est = estimate_loglikelihood(tiny, ctx, cont, 4, mc_num=3000, mc_batch_size=1000, last_block=last_block,
                                  generator=torch.Generator().manual_seed(3))
-    mine, other = enumerated(tiny, ctx, cont, 4, last_block == "cut"), enumerated(tiny, ctx, cont, 4, last_block == "pad")
+    mine = enumerated_elbo(tiny, ctx, cont, 4, cut=last_block == "cut")
+    other = enumerated_elbo(tiny, ctx, cont, 4, cut=last_block == "pad")
     assert 0 < est.stderr < 0.05 and abs(est.logprob - mine) < 4 * est.stderr
     assert abs(est.logprob - other) > 4 * est.stderr  # the conventions really differ here
 

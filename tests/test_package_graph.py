@@ -10,7 +10,6 @@ circle with the file:line of every import that makes it.
 from __future__ import annotations
 
 import ast
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +18,7 @@ PKG = ROOT / "dlm_toolkit"
 Edges = dict[str, dict[str, list[str]]]  # package -> imported package -> ["file:line", ...]
 
 # the module graph's reader and cycle finder (tests/test_layout.py), used here on packages
-from test_layout import _type_checking_nodes, find_cycle, module_names as _modules  # noqa: E402
+from test_layout import _type_checking_nodes, _write, find_cycle, module_names as _modules  # noqa: E402
 
 
 def package_of(module: str, prefix: str) -> str:
@@ -114,13 +113,6 @@ def describe_all(edges: Edges) -> str:
             for b in sorted(set(edges.get(a, {})) & part):
                 lines.append(f"  {a} -> {b}: " + ", ".join(edges[a][b]))
     return "\n".join(lines)
-
-
-def _write(tmp: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / rel).write_text(textwrap.dedent(text))
-    return tmp
 
 
 def test_reader_counts_local_and_relative_imports_and_skips_type_checking(tmp_path: Path) -> None:

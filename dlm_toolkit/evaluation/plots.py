@@ -81,7 +81,7 @@ def place_labels(ax: Any, labels: list[tuple[float, float, str, dict]], markers:
             note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), **kwargs)
             e = note.get_window_extent(renderer)
             rect = (e.x0, e.y0, e.x1, e.y1)
-            cost = sum(_overlap(rect, other) for other in blocked)
+            cost = sum(rect_overlap(rect, other) for other in blocked)
             cost += 1e6 * (e.x0 < box.x0 or e.x1 > box.x1 or e.y0 < box.y0 or e.y1 > box.y1)
             if best is None or cost < best[0]:
                 if best is not None:
@@ -97,6 +97,6 @@ def place_labels(ax: Any, labels: list[tuple[float, float, str, dict]], markers:
     return placed
 
 
-def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+def rect_overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
     """Area shared by two rectangles (x0, y0, x1, y1)."""
     return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from dlm_toolkit.config import ConfigError, read_mapping_file
 
@@ -97,7 +97,6 @@ class ParallelBenchTask(BenchmarkTask):
     class Record(RowSchema):
         """A line of a ParallelBench test file."""
 
-        model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
         input: dict[str, Any]
         answer: str | dict[str, Any]
         metadata: dict[str, Any] = Field(default_factory=dict)

@@ -134,10 +134,7 @@ def parse_sudoku(text: str, strict: bool = False, n: int = 4) -> list[list[int]]
         lines = [line.strip() for line in text.split("\n") if line.strip()]
         if len(lines) != n or any(len(line) != n or not all(c.isdecimal() for c in line) for line in lines):
             return None
-        try:
-            return [[int(c) for c in line] for line in lines]
-        except ValueError:
-            return None
+        return [[int(c) for c in line] for line in lines]  # int() reads every decimal digit isdecimal() accepts
     lines = [line.strip() for line in text.replace(" ", "").replace(",", "").split("\n") if line.strip()]
     grid = [row for row in ([int(d) for d in re.findall(r"\d", line)] for line in lines) if len(row) == n]
     return grid if len(grid) == n else None

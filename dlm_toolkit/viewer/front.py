@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from dlm_toolkit.evaluation.plots import rect_overlap
 from dlm_toolkit.util.files import write_text
 from dlm_toolkit.viewer.page import cut_text, script_json, valid_utf8
 
@@ -97,10 +98,6 @@ def _hover(p: Any, iv: tuple[float, float], link: str | None) -> str:
     return "\n".join(cut_text(line, 300) for line in lines)
 
 
-def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
-    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-
-
 def place(anchors: Sequence[tuple[float, float, str]], markers: Sequence[tuple[float, float, float]],
           box: tuple[float, float, float, float]) -> list[tuple[float, float, float, float]]:
     """Each label ``(x, y, text)`` (px) at the first offset of :data:`OFFSETS` where its box
@@ -115,7 +112,7 @@ def place(anchors: Sequence[tuple[float, float, str]], markers: Sequence[tuple[f
             x0 = x + dx - (w if dx < 0 else 0 if dx > 0 else w / 2)
             y0 = y + dy - (LABEL_HEIGHT_PX if dy <= 0 else 0)
             rect = (x0, y0, x0 + w, y0 + LABEL_HEIGHT_PX)
-            cost = sum(_overlap(rect, other) for other in blocked)
+            cost = sum(rect_overlap(rect, other) for other in blocked)
             cost += 1e6 * (rect[0] < box[0] or rect[2] > box[2] or rect[1] < box[1] or rect[3] > box[3])
             if best is None or cost < best[0]:
                 best = (cost, rect)
