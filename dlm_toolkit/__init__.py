@@ -5,7 +5,7 @@ Authoring API (see README "Write a strategy"): the registries ``M2T``, ``T2T``, 
 ``StrategyConfig``; ``StepContext``; ``Selection``. Running: :func:`decode` with a
 :class:`DecodingPolicy`. Step hooks (README "Step hooks"): the protocol :class:`StepHook` and
 the built-in hook mixins :class:`Verifier`, :class:`Shadow`, :class:`Indel` and the schedule
-:class:`DynamicBlockSchedule`; what a hook declares and uses: :class:`Output` (its outputs on
+:class:`DynamicBlockSchedule`; what a hook declares (:class:`Declaration`) and uses: :class:`Output` (its outputs on
 ``ctx.hooks``), :class:`DeviceFlag` and :func:`set_flag` (its errors), :class:`Segment` and
 :class:`Keys` (what it adds to a forward).
 
@@ -35,7 +35,7 @@ from dlm_toolkit.strategy.base import (
 )
 from dlm_toolkit.decoding.policy import DecodingPolicy, NonFiniteLogitsError, StrategyError
 from dlm_toolkit.decoding.loop import decode
-from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.base import Declaration, StepHook
 from dlm_toolkit.step.flags import DeviceFlag, set_flag
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.step.outputs import Output
@@ -92,6 +92,7 @@ __all__ = [
     "Selection",
     "Shadow",
     "StepHook",
+    "Declaration",
     "StepContext",
     "StrategyConfig",
     "StrategyError",

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.base import Declaration, StepHook
 from dlm_toolkit.strategy.base import Output
 from dlm_toolkit.strategy.selection import top1
 
@@ -47,14 +47,13 @@ class JointHook(StepHook):
     probability that it and every fillable slot ranked before it (confidence, descending; ties by
     slot) are jointly consistent when drawn independently; 0 elsewhere. From ``model.joint_consistency``."""
 
-    outputs = {"joint_consistency": Output(("B", "W"), torch.float32,
-                                           "P(this slot and every better-ranked fillable slot drawn consistently)")}
-
     def __init__(self, who: str) -> None:
         self.name = who
 
-    def key(self) -> str:
-        return "joint_consistency"
+    def declare(self, policy: DecodingPolicy) -> Declaration:
+        return Declaration(outputs={"joint_consistency": Output(
+            ("B", "W"), torch.float32, "P(this slot and every better-ranked fillable slot drawn consistently)")},
+            key="joint_consistency")
 
     def check_model(self, model: DiffusionLM) -> None:
         if not callable(getattr(model, "joint_consistency", None)):

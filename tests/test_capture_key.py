@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 
 from dlm_toolkit import DecodingPolicy
 from dlm_toolkit.step.capture import Channel, Uncapturable, closure_key
-from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.hooks import Declaration, StepHook
 from dlm_toolkit.decoding.rule_capture import RuleRunners, captured
 from dlm_toolkit.strategy import Output
 from dlm_toolkit.testing import make_context
@@ -91,7 +91,8 @@ class Opaque(Shifted):
 
 
 class Scale(StepHook):
-    outputs = {"scale": Output(("B", "W"), torch.float32)}
+    def declare(self, policy):
+        return Declaration(outputs={"scale": Output(("B", "W"), torch.float32)})
 
 
 class ReadsScale(ThresholdUnmask):

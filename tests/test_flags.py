@@ -16,7 +16,7 @@ import torch
 from dlm_toolkit import M2T, T2T, ConfigError, DecodingPolicy, Selection, StrategyError, decode
 from dlm_toolkit.hooks.dynamic_blocks import DynamicBlocksHook
 from dlm_toolkit.step.flags import DeviceFlag, FlagBoard, FlagTable, set_flag
-from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.hooks import Declaration, StepHook
 from dlm_toolkit.testing import ScriptedLM, table_logits
 from strategies.m2t_threshold import ThresholdUnmask
 from strategies.t2t_none import NoEdit
@@ -48,13 +48,13 @@ class RowFlag(StepHook):
     ``(step, 10 * step + row)``. Counts nothing, reads nothing back to the host."""
 
     def __init__(self, at: dict[int, int], flag_name: str = "toy_row_flag", hit_dtype=torch.bool,
-                 payload_width: int = 2, declare: bool = True):
-        self.at, self.hit_dtype, self.payload_width, self.declare = at, hit_dtype, payload_width, declare
+                 payload_width: int = 2, declares: bool = True):
+        self.at, self.hit_dtype, self.payload_width, self.declares = at, hit_dtype, payload_width, declares
         self.name = "hook 'row_flag'"
         self.flag = DeviceFlag(flag_name, _row_message, payload=2)
 
-    def device_flags(self):
-        return [self.flag] if self.declare else []
+    def declare(self, policy):
+        return Declaration(flags=[self.flag] if self.declares else [])
 
     def after_write(self, ctx, state):
         rows = torch.arange(state.batch_size, device=state.device)
@@ -71,12 +71,16 @@ class Plain(StepHook):
 
 class Mover(StepHook):
     name = "hook 'mover'"
-    moves_block = True
+
+    def declare(self, policy):
+        return Declaration(moves_block=True)
 
 
 class Fixed(StepHook):
     name = "hook 'fixed'"
-    needs_fixed_block = "a toy block copy"
+
+    def declare(self, policy):
+        return Declaration(needs_fixed_block="a toy block copy")
 
 
 def with_hooks(*hooks: StepHook, blocks: str = "semi_ar", m2t: str = "threshold") -> DecodingPolicy:
@@ -136,7 +140,7 @@ def test_a_flag_set_with_the_wrong_dtype_or_shape_is_refused_at_once_naming_the_
 
 def test_a_flag_no_hook_declares_is_refused():
     with pytest.raises(StrategyError, match="device flag 'toy_row_flag' was set but no hook of the policy declares it"):
-        decode(model(), PROMPTS, with_hooks(RowFlag({2: 0}, declare=False)), 16, kv_cache=False)
+        decode(model(), PROMPTS, with_hooks(RowFlag({2: 0}, declares=False)), 16, kv_cache=False)
 
 
 class _Recommits(ThresholdUnmask):
@@ -190,12 +194,20 @@ def test_flag_names_colliding_are_refused_at_policy_build_naming_both_hooks():
 
 def test_device_flags_must_be_device_flag_objects():
     class Bad(Plain):
-        def device_flags(self):
-            return ["toy"]
+        def declare(self, policy):
+            return Declaration(flags=["toy"])
 
-    with pytest.raises(ConfigError, match=r"^hook 'plain': device_flags\(\) must return a list of DeviceFlag "
-                                          "objects, got str"):
+    class NotAList(Plain):
+        def declare(self, policy):
+            return Declaration(flags=DeviceFlag("toy", _row_message))
+
+    with pytest.raises(ConfigError, match=r"^hook 'plain': Declaration.flags must be a list of DeviceFlag "
+                                          "objects, got str$"):
         with_hooks(Bad())
+    with pytest.raises(ConfigError, match=r"^hook 'plain': Declaration.flags must be a list of DeviceFlag "
+                                          "objects, got DeviceFlag$"):
+        with_hooks(NotAList())
+    assert "toy" in with_hooks(RowFlag({}, flag_name="toy")).flags.owners  # near miss: a list of one flag
     with pytest.raises(ConfigError, match=r"device flag 'x': payload must be an integer in \[0, 16\]"):
         DeviceFlag("x", _row_message, payload=17)
     assert DeviceFlag("x", _row_message, payload=16).payload == 16

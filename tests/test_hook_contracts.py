@@ -55,7 +55,7 @@ class TestDynamicBlocksHook(StepHookContract):
 import torch  # noqa: E402
 
 from dlm_toolkit import T2T  # noqa: E402
-from dlm_toolkit.hooks import StepHook  # noqa: E402
+from dlm_toolkit.hooks import Declaration, StepHook  # noqa: E402
 from dlm_toolkit.strategy.base import Output  # noqa: E402
 from strategies.t2t_threshold import ThresholdEdit  # noqa: E402
 
@@ -112,7 +112,8 @@ class CacheDependent(Freeze):
 
 
 class MarksFrozen(Freeze):
-    outputs = {"frozen": Output(("B", "W"), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"frozen": Output(("B", "W"), torch.bool)})
 
     def after_rules(self, ctx, engine, state):
         super().after_rules(ctx, engine, state)
@@ -145,7 +146,8 @@ class RebindsObject(Freeze):
 
 
 class CountsFrozen(Freeze):
-    outputs = {"frozen_per_row": Output((), int)}
+    def declare(self, policy):
+        return Declaration(outputs={"frozen_per_row": Output((), int)})
 
     def after_rules(self, ctx, engine, state):
         super().after_rules(ctx, engine, state)
@@ -175,8 +177,8 @@ class ExtraForwards(Freeze):
     def __init__(self, blocks, budget):
         self.blocks, self.budget = blocks, budget
 
-    def forward_budget(self, policy):
-        return self.budget
+    def declare(self, policy):
+        return Declaration(forward_budget=self.budget)
 
     def after_rules(self, ctx, engine, state):
         super().after_rules(ctx, engine, state)
@@ -298,7 +300,7 @@ pytest_plugins = ["pytester"]  # a broken plug-in hook's test file run by pytest
 
 BROKEN = '''import torch
 from dlm_toolkit import T2T
-from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.hooks import Declaration, StepHook
 from dlm_toolkit.testing import StepHookContract
 
 
@@ -379,7 +381,7 @@ def test_without_a_baseline_the_near_miss_drops_the_hooks():
     active, inert = suite("freeze"), suite("inert")
     for dropped in (active, inert):
         dropped.baseline_config = lambda: None
-        assert dropped.make_baseline().hooks == [] and dropped.make_policy().hooks != []
+        assert dropped.make_baseline().hooks == () and dropped.make_policy().hooks != ()
     active.test_near_miss_without_the_hook()
     with pytest.raises(AssertionError, match="is inert on the contract's prompts"):
         inert.test_near_miss_without_the_hook()

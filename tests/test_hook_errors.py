@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T, ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.hooks import Declaration, StepHook
 from dlm_toolkit.testing import tiny_llada2
 from strategies.t2t_threshold import ThresholdEdit
 
@@ -33,15 +33,12 @@ class Faulty(StepHook):
     def __init__(self, stage: str, fault):
         self.stage, self.fault = stage, fault
 
-    def check_policy(self, policy):
-        self.go("check_policy")
+    def declare(self, policy):
+        self.go("declare")
+        return Declaration()
 
     def check_model(self, model):
         self.go("check_model")
-
-    def forward_budget(self, policy):
-        self.go("forward_budget")
-        return 0
 
     def after_forward(self, ctx, engine, state):
         self.go("after_forward", ctx)
@@ -98,9 +95,8 @@ def run(stage: str, fault):
 
 
 CASES = [  # stage, fault, error type, the one line
-    ("check_policy", boom, ConfigError, r"hook 'faulty': check_policy raised ValueError: boom"),
+    ("declare", boom, ConfigError, r"hook 'faulty': declare raised ValueError: boom"),
     ("check_model", key_error, ConfigError, r"hook 'faulty': check_model raised KeyError: 'missing'"),
-    ("forward_budget", boom, ConfigError, r"hook 'faulty': forward_budget raised ValueError: boom"),
     ("after_forward", boom, StrategyError, r"hook 'faulty': after_forward raised ValueError: boom"),
     ("after_rules", key_error, StrategyError, r"hook 'faulty': after_rules raised KeyError: 'missing'"),
     ("after_write", boom, StrategyError, r"hook 'faulty': after_write raised ValueError: boom"),
@@ -130,7 +126,7 @@ def test_a_hook_fault_is_one_line_naming_the_hook_and_stage(stage, fault, kind, 
         assert caught.value.__cause__ is not None and type(caught.value.__cause__) is not kind
 
 
-@pytest.mark.parametrize("stage", ["check_policy", "check_model", "forward_budget", "after_forward", "after_rules",
+@pytest.mark.parametrize("stage", ["declare", "check_model", "after_forward", "after_rules",
                                    "after_write", "step_segments"])
 def test_the_same_hook_without_the_fault_decodes(stage):
     assert run(stage, None).rows[0].nfe > 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlm_toolkit import T2T, ConfigError, DecodingPolicy, StrategyError, decode
-from dlm_toolkit.hooks.base import KNOWN, HookStages, StepHook, check_hook, collect
+from dlm_toolkit.hooks.base import KNOWN, Declaration, HookStages, StepHook, check_hook, collect, declaration
 from dlm_toolkit.strategy import Output
 from dlm_toolkit.testing import make_context, tiny_llada2
 from strategies.t2t_threshold import ThresholdEdit
@@ -17,19 +17,25 @@ from strategies.t2t_threshold import ThresholdEdit
 M = 5  # mask id of the hand-built contexts
 
 
+PROBE_OUTPUTS = {
+    "score": Output(("B", "W"), torch.float32),
+    "rows_ok": Output(("B",), torch.bool),
+    "scale": Output((), float),
+    "count": Output((), int),
+    "lg": Output(("B", "W", "V"), "logits"),
+}
+
+
 class Probe(StepHook):
-    outputs = {
-        "score": Output(("B", "W"), torch.float32),
-        "rows_ok": Output(("B",), torch.bool),
-        "scale": Output((), float),
-        "count": Output((), int),
-        "lg": Output(("B", "W", "V"), "logits"),
-    }
+    def declare(self, policy):
+        return Declaration(outputs=PROBE_OUTPUTS)
 
 
 class Other(StepHook):
     name = "t2t rule 'other'"
-    outputs = {"other": Output(("B", "W"), torch.bool)}
+
+    def declare(self, policy):
+        return Declaration(outputs={"other": Output(("B", "W"), torch.bool)})
 
 
 def ctx_with(*hooks: StepHook):
@@ -162,11 +168,11 @@ class LongStage(StepHook):  # near misses: an extra optional argument, or *args,
 def test_methods_that_look_like_stages_are_refused_naming_hook_method_and_stages():
     for cls, method in ((Typo, "after_forwards"), (Singular, "after_rule"), (Misspelt, "aftre_write")):
         with pytest.raises(ConfigError, match=rf"^step hook '{cls.__name__}': method {cls.__name__}.{method}\(\) is not "
-                                              r"a hook stage and would never run \(known stages: .*after_forward, "
-                                              r"after_rules, after_write"):
+                                              r"a hook member and would never run \(known: declare, check_model, "
+                                              r"step_segments, after_forward, after_rules, after_write\)$"):
             check_hook(cls())
     check_hook(Helper())
-    assert {"after_forward", "after_rules", "after_write", "check_policy", "check_model"} <= set(KNOWN)
+    assert set(KNOWN) == {"declare", "check_model", "step_segments", "after_forward", "after_rules", "after_write"}
 
 
 def test_a_stage_with_the_wrong_signature_is_refused_naming_hook_and_stage():
@@ -177,27 +183,33 @@ def test_a_stage_with_the_wrong_signature_is_refused_naming_hook_and_stage():
 
 
 class BadShape(StepHook):
-    outputs = {"x": Output(("B", "T"), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"x": Output(("B", "T"), torch.bool)})
 
 
 class BadDtype(StepHook):
-    outputs = {"x": Output(("B",), "float")}
+    def declare(self, policy):
+        return Declaration(outputs={"x": Output(("B",), "float")})
 
 
 class BadScalar(StepHook):
-    outputs = {"x": Output((), torch.float32)}
+    def declare(self, policy):
+        return Declaration(outputs={"x": Output((), torch.float32)})
 
 
 class BadName(StepHook):
-    outputs = {"get": Output(("B",), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"get": Output(("B",), torch.bool)})
 
 
 class NotOutput(StepHook):
-    outputs = {"x": (("B",), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"x": (("B",), torch.bool)})
 
 
 class Twin(StepHook):  # declares Other's output
-    outputs = {"other": Output(("B", "W"), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"other": Output(("B", "W"), torch.bool)})
 
 
 def test_malformed_declarations_are_refused_naming_the_hook_and_output():
@@ -207,8 +219,8 @@ def test_malformed_declarations_are_refused_naming_the_hook_and_output():
                      (BadName, r"output name 'get' must be a Python identifier, not starting with '_' and not one of"),
                      (NotOutput, r"output 'x': must be an Output, got tuple")):
         with pytest.raises(ConfigError, match=rf"^step hook '{cls.__name__}': {why}"):
-            check_hook(cls())
-    check_hook(Probe())
+            declaration(cls(), DecodingPolicy())
+    declaration(Probe(), DecodingPolicy())
 
 
 class _Asks(ThresholdEdit):
@@ -229,11 +241,11 @@ def test_collect_refuses_two_hooks_declaring_one_output_and_a_bad_hook_when_the_
                                           "they cannot be combined in one policy$"):
         DecodingPolicy("llada2.1-q", **{"t2t.name": registered("_asks_twins", Other, Twin)})
     ok = DecodingPolicy("llada2.1-q", **{"t2t.name": registered("_asks_other_probe", Other, Probe)})  # near miss
-    assert set(ok.hook_outputs) == {"other", *Probe.outputs}
+    assert set(ok.hook_outputs) == {"other", *PROBE_OUTPUTS}
     assert ok.hook_outputs["other"].hook == "t2t rule 'other'"
-    with pytest.raises(ConfigError, match=r"step hook 'Typo': method Typo.after_forwards\(\) is not a hook stage"):
+    with pytest.raises(ConfigError, match=r"step hook 'Typo': method Typo.after_forwards\(\) is not a hook member"):
         DecodingPolicy("llada2.1-q", **{"t2t.name": registered("_asks_typo", Typo)})
-    assert collect(DecodingPolicy("llada2.1-q")) == []
+    assert collect(DecodingPolicy("llada2.1-q")) == ([], [])
 
 
 # -- run time --------------------------------------------------------------------------------------
@@ -241,7 +253,8 @@ BL = 4
 
 
 class WrongDtype(StepHook):
-    outputs = {"flagged": Output(("B", "W"), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"flagged": Output(("B", "W"), torch.bool)})
 
     def after_rules(self, ctx, engine, state):
         ctx.hooks.flagged = ctx.commit.long()
@@ -250,7 +263,8 @@ class WrongDtype(StepHook):
 class FlagBlockStart(StepHook):
     """Marks the first slot of the active block (a per-slot bool output the trajectory records)."""
 
-    outputs = {"flagged": Output(("B", "W"), torch.bool)}
+    def declare(self, policy):
+        return Declaration(outputs={"flagged": Output(("B", "W"), torch.bool)})
 
     def after_rules(self, ctx, engine, state):
         before = torch.cat([torch.zeros_like(ctx.in_block[:, :1]), ctx.in_block[:, :-1]], 1)

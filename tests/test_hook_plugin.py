@@ -10,7 +10,7 @@ import torch
 import pytest
 
 from dlm_toolkit import T2T, ConfigError, DecodingPolicy, decode
-from dlm_toolkit.hooks import HookStages, StepHook
+from dlm_toolkit.hooks import Declaration, HookStages, StepHook
 from dlm_toolkit.testing import StepHookContract, tiny_llada2
 from strategies.t2t_threshold import ThresholdEdit
 
@@ -39,9 +39,10 @@ class _NotAHook(ThresholdEdit):
 
 
 class _Refuses(StepHook):
-    def check_policy(self, policy):
+    def declare(self, policy):
         if policy.remask.name == "none":
             raise ConfigError("hook 'refuses': needs a remask rule")
+        return Declaration()
 
 
 class _RefusingRule(ThresholdEdit):
@@ -108,7 +109,7 @@ def test_a_hook_refuses_a_policy_when_it_is_built():
 
 
 def test_stages_hold_only_the_overridden_ones_and_a_plain_policy_has_none():
-    assert DecodingPolicy("llada2.1-q").hooks == []
+    assert DecodingPolicy("llada2.1-q").hooks == ()
     stages = HookStages([FreezeFirst(), _Refuses()])
     assert len(stages.after_rules) == 1 and stages.after_forward == [] and stages.after_write == []
     assert stages.step_segments == []
@@ -150,10 +151,13 @@ def test_the_readme_hook_example_passes_its_contract_suite():
     from dlm_toolkit.strategy.registry import REGISTRIES
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.+?)```", readme, re.S) if "(StepHookContract)" in b]
+    blocks = re.findall(r"```python\n(.+?)```", readme, re.S)
+    [hook] = [b for b in blocks if "class FreezeFirst(StepHook)" in b]
+    [suite] = [b for b in blocks if "(StepHookContract)" in b]
     space: dict = {"__name__": "readme_hook_example"}
     try:
-        exec(compile(block, "README.md", "exec"), space)
+        exec(compile(hook, "README.md", "exec"), space)  # the suite block runs after it, in its namespace
+        exec(compile(suite, "README.md", "exec"), space)
         suite = space["TestFreezeFirst"]()
         assert [type(h) for h in suite.make_policy().hooks] == [space["FreezeFirst"]]
         for check in ("test_hook_is_collected_and_valid", "test_keeps_no_state", "test_kv_cache_and_check_every_invariant",

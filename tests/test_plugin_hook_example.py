@@ -13,12 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "plugin-package"
 
 
-def test_readme_hook_block_is_the_example_plugins_code() -> None:
-    readme = (REPO / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.+?)```", readme, re.S) if "class FreezeFirst(StepHook)" in b
-               and "__init__(self, frozen" in b]
-    assert block in (EXAMPLE / "src" / "dlm_example_plugin" / "hooks.py").read_text()
-    assert '"t2t": {"name": "freeze_first", "params": {"threshold":\n0.0, "frozen": 2}}' in readme
+def test_readme_hook_blocks_are_the_example_plugins_code() -> None:
+    blocks = re.findall(r"```python\n(.+?)```", (REPO / "README.md").read_text(), re.S)
+    [hook] = [b for b in blocks if "class FreezeFirst(StepHook)" in b and "__init__(self, frozen" in b]
+    assert hook in (EXAMPLE / "src" / "dlm_example_plugin" / "hooks.py").read_text()
+    [suite] = [b for b in blocks if "(StepHookContract)" in b]
+    assert suite in (EXAMPLE / "tests" / "test_hook.py").read_text()
+    assert '"frozen": 2' in suite  # the parameter set from a policy file
 
 
 def test_the_example_hook_passes_its_contract_suite(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from dlm_toolkit import T2T, DecodingPolicy, decode
 from dlm_toolkit.step.canvas import window_values, write_window
-from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.hooks import Declaration, StepHook
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.testing import tiny_llada2
 from strategies.t2t_none import NoEdit
@@ -155,8 +155,8 @@ class ExtraForward(StepHook):
     """After the rules, one forward of its own for batch row 0: a copy of the window (hidden from
     nothing but itself and the cache), through the engine's documented extra forward."""
 
-    def forward_budget(self, policy):
-        return policy.blocks.block_length  # one extra forward per step of a block
+    def declare(self, policy):
+        return Declaration(forward_budget=policy.blocks.block_length)  # one extra forward per step of a block
 
     def after_rules(self, ctx, engine, state):
         rows = ctx.live & (ctx.rows == 0)

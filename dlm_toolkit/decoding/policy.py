@@ -8,7 +8,7 @@ import torch
 
 from dlm_toolkit.config import ConfigError, RoleSpec, SamplingConfig
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, FlagTable, NonFiniteLogitsError, StrategyError, board, declare
-from dlm_toolkit.hooks.base import StepHook, collect, declared_outputs, overrides, run_stage
+from dlm_toolkit.hooks.base import Declaration, StepHook, collect, declared_outputs, overrides
 from dlm_toolkit.strategy.policy_config import PolicyConfig, load_policy
 from dlm_toolkit.strategy.registry import REGISTRIES
 from dlm_toolkit.strategy.selection import remaskable
@@ -38,8 +38,8 @@ def forward_budget_cap(width: int) -> int:
 
 def check_budgets(policy: DecodingPolicy) -> None:
     """Refuse a forward budget the policy declares -- the block schedule's ``max_forwards_per_block()``
-    (its post steps included) and each hook's :meth:`~dlm_toolkit.hooks.base.StepHook.forward_budget`
-    (a verifier's ``max_verify_forwards``, an insert/delete rule's ``max_indel_forwards``, a plug-in
+    (its post steps included) and each hook's declared ``forward_budget`` (:class:`~dlm_toolkit.hooks.base.Declaration`:
+    a verifier's ``max_verify_forwards``, an insert/delete rule's ``max_indel_forwards``, a plug-in
     hook's own) -- unless it is an integer in ``[0, forward_budget_cap(width)]``: the engine's NFE
     bound is built from them, so ``inf`` or ``10**9`` would let a rule that deletes every step run
     for ever.
@@ -53,9 +53,8 @@ def check_budgets(policy: DecodingPolicy) -> None:
         raise ConfigError(f"blocks rule '{blocks.name}': window_width() = {width!r}: must be an integer in [1, {1 << 20}]")
     cap = forward_budget_cap(width)
     budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block)]
-    budgets += [(hook_label(hook), hook.budget_source(policy),
-                 lambda hook=hook: run_stage(hook, "forward_budget", hook.forward_budget, policy))
-                for hook in policy.hooks]
+    budgets += [(hook_label(hook), declared.budget_source, lambda declared=declared: declared.forward_budget)
+                for hook, declared in zip(policy.hooks, policy.declarations)]
     for who, field, declared in budgets:
         value = declared()
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
@@ -79,15 +78,17 @@ class DecodingPolicy:
         self.sampling: SamplingConfig = self.config.sampling
         # what the rules add to the step (verification, shadow block, insert/delete, plug-ins), checked
         # against the policy here: the decode loop runs these at fixed stages (dlm_toolkit.hooks)
-        self.hooks: list[StepHook] = collect(self)
-        self.hook_outputs = declared_outputs(self.hooks)  # what ctx.hooks holds (dlm_toolkit.strategy.base.HookOutputs)
-        self.flags: FlagTable = FlagTable.of_hooks(self.hooks)  # the device flags a decode may raise (dlm_toolkit.step.flags)
+        hooks, declarations = collect(self)
+        self.hooks: tuple[StepHook, ...] = tuple(hooks)
+        self.declarations: tuple[Declaration, ...] = tuple(declarations)  # what each hook declared, in order
+        self.hook_outputs = declared_outputs(hooks, declarations)  # what ctx.hooks holds (step.outputs.HookOutputs)
+        # the device flags a decode may raise (dlm_toolkit.step.flags)
+        self.flags = FlagTable([(hook_label(h), f) for h, d in zip(hooks, declarations) for f in d.flags])
         check_budgets(self)
 
     def forward_limit(self) -> int:
         """Forwards one block may take: the block schedule's bound plus what each hook adds."""
-        return self.blocks.max_forwards_per_block() + sum(run_stage(h, "forward_budget", h.forward_budget, self)
-                                                          for h in self.hooks)
+        return self.blocks.max_forwards_per_block() + sum(d.forward_budget for d in self.declarations)
 
     def _build(self, role: str) -> Any:
         spec: RoleSpec = getattr(self.config, role)

@@ -5,6 +5,7 @@ Re-exports the public names of ``base.py`` (the module this package replaced).""
 from dlm_toolkit.hooks.base import (  # noqa: F401
     ROLES,
     STAGES,
+    Declaration,
     StepHook,
     collect,
     HookStages,
@@ -13,6 +14,7 @@ from dlm_toolkit.hooks.base import (  # noqa: F401
 __all__ = [
     "ROLES",
     "STAGES",
+    "Declaration",
     "StepHook",
     "collect",
     "HookStages",

@@ -2,63 +2,57 @@
 
 A rule of any role asks for hooks by defining ``step_hooks(policy, role) -> Sequence[StepHook]``
 (the :class:`~dlm_toolkit.hooks.verify.Verifier`, :class:`~dlm_toolkit.hooks.shadow.Shadow` and
-:class:`~dlm_toolkit.hooks.indel.Indel` mixins do). :class:`~dlm_toolkit.decoding.policy.DecodingPolicy` collects
-them once, when it is built (:func:`collect`, ``policy.hooks``), and the decode loop calls them at
-fixed stages without knowing which hooks it has:
+:class:`~dlm_toolkit.hooks.indel.Indel` mixins do). A hook has two kinds of members, and each
+defaults to nothing:
 
-=================================  ====================================================================
-stage                              when
-=================================  ====================================================================
-``check_policy(policy)``           once, when the policy is built (refuse combinations: ConfigError)
-``check_model(model)``             once per decode, before anything runs (refuse a model)
-``forward_budget(policy)``         forwards one block may take beyond the schedule's bound
-``step_segments(...)``             ``(eng, state, live, window)``, while the step's forward is laid out:
-                                   segments (:class:`~dlm_toolkit.step.segments.Segment`) to append to it;
-                                   their logits are ``eng.segment_logits(self)`` from ``after_forward`` on
-``after_forward(ctx, eng, state)`` after the step's forward, before the rules (set its ``ctx.hooks`` outputs)
-``after_rules(ctx, eng, state)``   after the rules chose ``commit/edit/remask``, before the write
-``after_write(ctx, state)``        after the canvas write, before the block schedule reacts
-``device_flags()``                 once, when the policy is built: the hook's
-                                   :class:`~dlm_toolkit.step.flags.DeviceFlag` s (errors it sets on the
-                                   device with :func:`~dlm_toolkit.step.flags.set_flag`; the engine's one
-                                   read raises them)
-=================================  ====================================================================
+- **what it declares**, once: ``declare(policy)`` returns a :class:`Declaration` (the outputs it
+  writes to ``ctx.hooks``, the device flags it sets, the forwards it adds per block, which hooks it
+  cannot run with, when two hooks are one) and raises :class:`~dlm_toolkit.config.ConfigError` to
+  refuse the policy; ``check_model(model)`` refuses a model, once per decode;
+- **the stages it runs**, every step, for all rows at once:
 
-A hook declares the outputs it writes to the context in :attr:`StepHook.outputs` (name ->
-:class:`~dlm_toolkit.strategy.base.Output`: shape over the step and dtype); the context carries them in
-one namespace, ``ctx.hooks`` (:class:`~dlm_toolkit.strategy.base.HookOutputs`), which refuses anything
-else, naming the hook. When the policy is built, :func:`collect` refuses a hook method that looks like
-a stage but is none (``after_forwards``, ``before_rules``, ``check_policies``: it would never run), a
-stage overridden with another number of arguments, a malformed declaration, and two hooks declaring
-one output, each as one :class:`~dlm_toolkit.config.ConfigError` naming the hook. A hook that replaces
-``ctx.commit/edit/remask`` is recorded (:class:`HookStages`), so a step check that finds a selection
-outside its role's region names the hook that put the position there, not the rule.
+  =================================  =============================================================
+  stage                              when
+  =================================  =============================================================
+  ``step_segments(eng, st, live, w)``  while the step's forward is laid out: segments
+                                     (:class:`~dlm_toolkit.step.segments.Segment`) appended to it,
+                                     whose logits ``eng.segment_logits(self)`` gives later
+  ``after_forward(ctx, eng, st)``    after the forward, before the rules (set ``ctx.hooks`` outputs)
+  ``after_rules(ctx, eng, st)``      after the rules filled ``ctx.commit/edit/remask``, before the write
+  ``after_write(ctx, st)``           after the canvas write, before the block schedule reacts
+  =================================  =============================================================
+
+:class:`~dlm_toolkit.decoding.policy.DecodingPolicy` collects the hooks and their declarations
+once, when it is built (:func:`collect`: ``policy.hooks``, ``policy.declarations``), and the loop
+runs only the stages a hook overrides (:class:`HookStages`), so a policy without hooks runs exactly
+the plain step. :func:`collect` refuses, each as one ``ConfigError`` naming the hook: a method that
+looks like a stage but is none (``after_forwards``, ``before_rules``: it would never run), a stage
+overridden with another number of arguments, a malformed declaration, two hooks declaring one output
+or one flag, and a hook that moves the block next to one that needs it fixed.
 
 A hook that needs a forward of its own (a verification) runs it from a stage with
 :meth:`StepEngine.extra_forward(segments, rows) <dlm_toolkit.decoding.engine.StepEngine.extra_forward>`,
-counted as one NFE of ``rows``; the engine lays it out, runs and counts it like the step's own.
+counted as one NFE of ``rows``. Hooks hold no per-decode state (a policy is shared between decodes):
+what a step needs lives on the context or the decode state. Hooks run on the device: no host reads
+(errors go through device flags, :mod:`dlm_toolkit.step.flags`). A stage that raises anything but the
+toolkit's own errors ends the decode with one line naming the hook and the stage.
 
-Two declared properties say which hooks cannot run together: ``moves_block`` (the hook moves or
-resizes the active block, e.g. dynamic blocks) and ``needs_fixed_block`` (a non-empty reason: the
-hook copies the active block of ``block_length`` positions from the block's start, e.g. the
-verification forward and the shadow block). :func:`collect` refuses such a pair when the policy is
-built, with one ConfigError naming both hooks.
-
-Every stage defaults to nothing; the loop calls only the stages a hook overrides (:class:`HookStages`),
-so a policy without hooks runs exactly the plain step. Hooks hold no per-decode state (a policy
-is shared between decodes); whatever a step needs lives on the context or the decode state. Hooks
-run on the device: no host reads (errors go through the step's checks or the engine's one read).
+Hooks written against the members this protocol replaced (``outputs``, ``key()``,
+``device_flags()``, ``check_policy()``, ``forward_budget()``, ``budget_source()``, ``moves_block``,
+``needs_fixed_block``) still run, with a ``DeprecationWarning``, until 0.3.0 (:mod:`dlm_toolkit.hooks.legacy`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 import torch
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.hooks.legacy import LEGACY, legacy_fields, legacy_members, warn_legacy
 from dlm_toolkit.step.flags import DeviceFlag, StrategyError
 from dlm_toolkit.step.outputs import Declared, HookOutputs, Output, hook_label
 
@@ -74,41 +68,49 @@ ROLES = ("m2t", "t2t", "remask", "blocks")  # the order hooks are collected (and
 STAGES = ("after_forward", "after_rules", "after_write")  # the per-step stages, in the loop's order
 
 
+@dataclass(frozen=True)
+class Declaration:
+    """What a step hook declares when the policy is built (:meth:`StepHook.declare`).
+
+    Attributes:
+        outputs: the values the hook sets on ``ctx.hooks``: name -> :class:`~dlm_toolkit.step.outputs.Output`
+            (shape over the step's ``"B"``, ``"W"``, ``"V"``, or ``()`` for a Python number; dtype).
+            Setting anything else, or a value of another shape or dtype, is a ``StrategyError``.
+        flags: the :class:`~dlm_toolkit.step.flags.DeviceFlag` s the hook sets on the device with
+            :func:`~dlm_toolkit.step.flags.set_flag`; the engine's one host read raises them.
+        forward_budget: forwards per block the hook may add to the schedule's bound (an integer in
+            ``[0, 64 x window + 4096]``), and ``budget_source``, where a refusal says it comes from.
+        key: hooks with equal keys are one hook (the first collected is kept), e.g. two rules reading
+            one shadow block; None: this hook object alone.
+        moves_block: the hook moves or resizes the active block (dynamic blocks) ...
+        needs_fixed_block: ... and why this one cannot run next to such a hook ("" = it can): it
+            copies the active block of ``block_length`` positions from the block's start.
+    """
+
+    outputs: Mapping[str, Output] = field(default_factory=dict)
+    flags: Sequence[DeviceFlag] = ()
+    forward_budget: int = 0
+    budget_source: str = "declare(policy).forward_budget"
+    key: Hashable = None
+    moves_block: bool = False
+    needs_fixed_block: str = ""
+
+
 class StepHook:
-    """Base of a step hook: every stage a no-op (module docstring). Override the stages you need."""
+    """Base of a step hook: every member a no-op (module docstring). Override what you need."""
 
     name = "hook"  # how messages name the hook (the default: by its class, see label())
-    # the outputs the hook sets on ctx.hooks: name -> shape over the step and dtype (module docstring)
-    outputs: ClassVar[Mapping[str, Output]] = {}
 
-    def key(self) -> Hashable:
-        """Hooks with equal keys are one hook (the first collected is kept): e.g. two rules that read
-        the same shadow block need it once. Default: every hook object is its own."""
-        return id(self)
-
-    moves_block = False  # this hook moves or resizes the active block (refused with needs_fixed_block)
-    needs_fixed_block = ""  # why this hook needs the fixed block layout ("" = it does not)
-
-    def device_flags(self) -> Sequence[DeviceFlag]:
-        """The device flags this hook sets (:mod:`dlm_toolkit.step.flags`): declared here, so the policy's
-        table holds them and the engine's one host read raises them."""
-        return ()
-
-    def check_policy(self, policy: DecodingPolicy) -> None:
-        """Raise :class:`~dlm_toolkit.config.ConfigError` if the policy cannot run this hook."""
+    # -- once ------------------------------------------------------------------------------------
+    def declare(self, policy: DecodingPolicy) -> Declaration:
+        """What this hook writes, sets, costs and needs under ``policy`` (:class:`Declaration`);
+        raise :class:`~dlm_toolkit.config.ConfigError` if the policy cannot run it."""
+        return Declaration()
 
     def check_model(self, model: DiffusionLM) -> None:
         """Raise :class:`~dlm_toolkit.config.ConfigError` if ``model`` cannot run this hook."""
 
-    def forward_budget(self, policy: DecodingPolicy) -> int:
-        """Forwards per block this hook may add to the schedule's bound (checked on the device)."""
-        return 0
-
-    def budget_source(self, policy: DecodingPolicy) -> str:
-        """Where :meth:`forward_budget` comes from, as a refusal of an absurd budget names it (the
-        declaring rule's method, e.g. ``max_indel_forwards(32)``)."""
-        return "forward_budget()"
-
+    # -- every step, in the loop's order -----------------------------------------------------------
     def step_segments(self, engine: StepEngine, state: DecodeState, live: torch.Tensor,
                       window: Segment) -> Sequence[Segment]:
         """Segments to append to every step forward (after ``window``, the step's primary segment;
@@ -121,7 +123,7 @@ class StepHook:
         """After the step's forward, before the rules."""
 
     def after_rules(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
-        """After the rules filled ``ctx.commit/edit/remask``, before the write."""
+        """After the rules filled ``ctx.commit/edit/remask`` (it may narrow them), before the write."""
 
     def after_write(self, ctx: StepContext, state: DecodeState) -> None:
         """After the step's write, before the block schedule ends converged blocks."""
@@ -130,42 +132,61 @@ class StepHook:
 label = hook_label  # how messages name a hook: its name, else (the default "hook") its class
 
 
-# the stages a hook may override: every public method of StepHook (stages added to it are known at once)
+# the members a hook may override: every public method of StepHook (ones added to it are known at once)
 KNOWN = tuple(n for n, v in vars(StepHook).items() if not n.startswith("_") and callable(v))
 STAGE_PREFIXES = ("after_", "before_", "check_", "on_")
 # names near a stage that the prefixes miss (a typo there would silently never run)
-NEAR_MISSES = ("afterforward", "afterrules", "afterwrite", "forward_budgets", "engine_option", "budget_sources",
-               "checkpolicy", "checkmodel")
+NEAR_MISSES = ("afterforward", "afterrules", "afterwrite", "declares", "declaration", "checkmodel")
 RESERVED = frozenset(n for n in dir(HookOutputs) if not n.startswith("_")) | {"writer"}
 
 
 def check_hook(hook: StepHook) -> None:
-    """Refuse, naming the hook: a method that looks like a stage but is none, a stage overridden with a
-    signature the loop cannot call, and a malformed ``outputs`` declaration (module docstring)."""
+    """Refuse, naming the hook: a method that looks like a stage but is none and a stage overridden
+    with a signature the loop cannot call (module docstring)."""
     who = label(hook)
     for cls in type(hook).__mro__:
         if cls is StepHook or cls is object or not issubclass(cls, StepHook):
             continue
         for name, value in vars(cls).items():
-            if name.startswith("_") or not callable(getattr(hook, name, None)) or isinstance(value, type):
+            if name.startswith("_") or name in LEGACY or not callable(getattr(hook, name, None)) \
+                    or isinstance(value, type):
                 continue
             if name in KNOWN:
                 _check_signature(hook, who, name)
             elif (name.startswith(STAGE_PREFIXES) or name in NEAR_MISSES
                   or difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.85)):
-                raise ConfigError(f"{who}: method {type(hook).__qualname__}.{name}() is not a hook stage and would "
-                                  f"never run (known stages: {', '.join(KNOWN)})")
-    outputs = hook.outputs
-    if not isinstance(outputs, Mapping):
-        raise ConfigError(f"{who}: outputs must map output names to dlm_toolkit.strategy.base.Output, got "
-                          f"{type(outputs).__name__}")
-    for name, out in outputs.items():
+                raise ConfigError(f"{who}: method {type(hook).__qualname__}.{name}() is not a hook member and would "
+                                  f"never run (known: {', '.join(KNOWN)})")
+
+
+def check_declaration(who: str, got: Any) -> Declaration:
+    """``got`` if it is a well-formed :class:`Declaration`, else one ``ConfigError`` naming the hook
+    and the field (the forward budget's range is checked with the policy's, by ``check_budgets``)."""
+    if not isinstance(got, Declaration):
+        raise ConfigError(f"{who}: declare(policy) must return a dlm_toolkit.hooks.Declaration, got {type(got).__name__}")
+    if not isinstance(got.outputs, Mapping):
+        raise ConfigError(f"{who}: Declaration.outputs must map output names to dlm_toolkit.strategy.Output, got "
+                          f"{type(got.outputs).__name__}")
+    for name, out in got.outputs.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in RESERVED:
             raise ConfigError(f"{who}: output name {name!r} must be a Python identifier, not starting with '_' and "
                               f"not one of {', '.join(sorted(RESERVED))}")
         problem = out.problem() if isinstance(out, Output) else f"must be an Output, got {type(out).__name__}"
         if problem is not None:
             raise ConfigError(f"{who}: output '{name}': {problem}")
+    if not isinstance(got.flags, (list, tuple)) or not all(isinstance(f, DeviceFlag) for f in got.flags):
+        bad = got.flags if not isinstance(got.flags, (list, tuple)) else next(
+            f for f in got.flags if not isinstance(f, DeviceFlag))
+        raise ConfigError(f"{who}: Declaration.flags must be a list of DeviceFlag objects, got {type(bad).__name__}")
+    for attr, kind in (("budget_source", str), ("moves_block", bool), ("needs_fixed_block", str)):
+        if not isinstance(getattr(got, attr), kind):
+            raise ConfigError(f"{who}: Declaration.{attr} must be a {kind.__name__}, got "
+                              f"{type(getattr(got, attr)).__name__}")
+    try:
+        hash(got.key)
+    except TypeError:
+        raise ConfigError(f"{who}: Declaration.key must be hashable, got {type(got.key).__name__}") from None
+    return got
 
 
 def _check_signature(hook: StepHook, who: str, stage: str) -> None:
@@ -183,15 +204,30 @@ def _check_signature(hook: StepHook, who: str, stage: str) -> None:
                           ) from None
 
 
-def declared_outputs(hooks: Sequence[StepHook]) -> dict[str, Declared]:
+def declaration(hook: StepHook, policy: DecodingPolicy) -> Declaration:
+    """``hook.declare(policy)``, checked (:func:`check_declaration`); a hook written against the
+    replaced members gets its declaration from them (:mod:`dlm_toolkit.hooks.legacy`)."""
+    who, old = label(hook), legacy_members(hook)
+    if old and not overrides(hook, "declare"):
+        warn_legacy(who, old)
+        return check_declaration(who, Declaration(**run_stage(hook, "declare", legacy_fields, hook, policy)))
+    if old:  # half-ported: which of the two would be meant?
+        raise ConfigError(f"{who}: defines declare(policy) and the members it replaced ({', '.join(old)}): move "
+                          "them into the Declaration that declare returns")
+    return check_declaration(who, run_stage(hook, "declare", hook.declare, policy))
+
+
+def declared_outputs(hooks: Sequence[StepHook], declarations: Sequence[Declaration]) -> dict[str, Declared]:
     """Every output the hooks declare, by name, with the declaring hook's label."""
-    return {name: Declared(out, label(h)) for h in hooks for name, out in h.outputs.items()}
+    return {name: Declared(out, label(h)) for h, d in zip(hooks, declarations) for name, out in d.outputs.items()}
 
 
-def collect(policy: DecodingPolicy) -> list[StepHook]:
-    """The hooks the policy's rules ask for (role order, one per key), each checked (:func:`check_hook`,
-    one owner per output) and then checked against the policy."""
+def collect(policy: DecodingPolicy) -> tuple[list[StepHook], list[Declaration]]:
+    """The hooks the policy's rules ask for (role order, one per key) and their declarations, each
+    checked (:func:`check_hook`, :func:`check_declaration`, one owner per output,
+    :func:`check_combinations`)."""
     hooks: list[StepHook] = []
+    declarations: list[Declaration] = []
     seen: set[Hashable] = set()
     for role in ROLES:
         rule = getattr(policy, role)
@@ -199,22 +235,36 @@ def collect(policy: DecodingPolicy) -> list[StepHook]:
         for hook in (ask(policy, role) if ask is not None else ()):
             if not isinstance(hook, StepHook):
                 raise ConfigError(f"{role} rule '{getattr(rule, 'name', type(rule).__name__)}': step_hooks() must "
-                                f"return StepHook objects, got {type(hook).__name__}")
-            if hook.key() not in seen:
-                seen.add(hook.key())
+                                  f"return StepHook objects, got {type(hook).__name__}")
+            check_hook(hook)
+            declared = declaration(hook, policy)
+            key = id(hook) if declared.key is None else declared.key
+            if key not in seen:
+                seen.add(key)
                 hooks.append(hook)
+                declarations.append(declared)
     owner: dict[str, StepHook] = {}
-    for hook in hooks:
-        check_hook(hook)
-        for name in hook.outputs:
+    for hook, declared in zip(hooks, declarations):
+        for name in declared.outputs:
             if name in owner:
                 raise ConfigError(f"{label(owner[name])} and {label(hook)} both declare the output '{name}': they "
                                   "cannot be combined in one policy")
             owner[name] = hook
-    check_combinations(hooks)
-    for hook in hooks:
-        run_stage(hook, "check_policy", hook.check_policy, policy)
-    return hooks
+    check_combinations(hooks, declarations)
+    return hooks, declarations
+
+
+def check_combinations(hooks: Sequence[StepHook], declarations: Sequence[Declaration]) -> None:
+    """Refuse a hook that needs a fixed block layout together with one that moves the block.
+
+    Raises:
+        ConfigError: one line naming both hooks and why they cannot run together.
+    """
+    movers = [h for h, d in zip(hooks, declarations) if d.moves_block]
+    for fixed, declared in zip(hooks, declarations):
+        if declared.needs_fixed_block and movers:
+            raise ConfigError(f"{label(fixed)} ({declared.needs_fixed_block}) needs a fixed block layout; "
+                              f"{label(movers[0])} moves and resizes its block: use semi_ar or multi_block_edit with it")
 
 
 # exceptions a stage raises that pass unchanged: the toolkit's own (they name their source already) and
@@ -237,9 +287,9 @@ def stage_error(who: str, stage: str, err: BaseException, kind: type[Exception] 
 
 def run_stage(hook: StepHook, stage: str, method: Callable[..., Any], *args: Any,
               kind: type[Exception] = ConfigError) -> Any:
-    """``method(*args)`` (a stage of ``hook`` run once per policy or decode: ``check_policy``,
-    ``check_model``, ``forward_budget``), an exception that is not the toolkit's own turned into one
-    line naming the hook and the stage (:func:`stage_error`)."""
+    """``method(*args)`` (a member of ``hook`` run once per policy or decode: ``declare``,
+    ``check_model``), an exception that is not the toolkit's own turned into one line naming the
+    hook and the stage (:func:`stage_error`)."""
     try:
         return method(*args)
     except PASS_THROUGH:
@@ -298,20 +348,6 @@ def _guarded(hook: StepHook, stage: str) -> Callable[..., Any]:
             raise stage_error(who, stage, err) from err
 
     return run
-
-
-def check_combinations(hooks: Sequence[StepHook]) -> None:
-    """Refuse a hook that needs a fixed block layout together with one that moves the block.
-
-    Raises:
-        ConfigError: one line naming both hooks and why they cannot run together.
-    """
-    movers = [h for h in hooks if h.moves_block]
-    for fixed in hooks:
-        if fixed.needs_fixed_block and movers:
-            mover = movers[0]
-            raise ConfigError(f"{label(fixed)} ({fixed.needs_fixed_block}) needs a fixed block layout; {label(mover)} "
-                              "moves and resizes its block: use semi_ar or multi_block_edit with it")
 
 
 def overrides(hook: StepHook, stage: str) -> bool:

@@ -37,7 +37,7 @@ from pydantic import Field, model_validator
 from dlm_toolkit.config import StrategyConfig
 from dlm_toolkit.step.facts import UNKNOWN, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, set_flag
-from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.base import Declaration, StepHook
 from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.strategy.base import BlockSchedule, StepContext
 
@@ -163,16 +163,11 @@ class DynamicBlocksHook(StepHook):
     (bounds as per-row data on the decode state); the hook declares the :data:`BOUNDS` flag and that
     the active block moves and resizes (:func:`~dlm_toolkit.hooks.base.check_combinations`)."""
 
-    moves_block = True
-
     def __init__(self, schedule: DynamicBlockSchedule):
         self.name = f"block schedule '{schedule.name}'"
 
-    def key(self) -> str:
-        return "dynamic_blocks"
-
-    def device_flags(self) -> list[DeviceFlag]:
-        return [BOUNDS]
+    def declare(self, policy: object) -> Declaration:
+        return Declaration(key="dynamic_blocks", flags=[BOUNDS], moves_block=True)
 
 
 def bounds_message(hit: FlagHit) -> str:

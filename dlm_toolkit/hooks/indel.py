@@ -57,7 +57,7 @@ from dlm_toolkit.step.canvas import window_values, write_shift
 from dlm_toolkit.step.canvas import written_window  # noqa: F401  (rules read it as indel.written_window)
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, set_flag
-from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.base import Declaration, StepHook
 from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.strategy.base import StepContext
 from dlm_toolkit.step.outputs import Output
@@ -94,31 +94,26 @@ class Indel:
         return [IndelHook(self)]
 
 
+OUTPUTS = {"insert": Output(("B", "W"), torch.bool, "slots a mask was inserted before"),
+           "delete": Output(("B", "W"), torch.bool, "slots whose token was deleted")}
+
+
 class IndelHook(StepHook):
     """Insert/delete edits as a step hook: after the write, :func:`indel_step`; the rule's
     :meth:`~Indel.max_indel_forwards` adds to the per-block bound."""
-
-    outputs = {"insert": Output(("B", "W"), torch.bool, "slots a mask was inserted before"),
-               "delete": Output(("B", "W"), torch.bool, "slots whose token was deleted")}
 
     def __init__(self, rule: Indel):
         self.rule = rule
         self.name = f"t2t rule '{getattr(rule, 'name', type(rule).__name__)}'"
 
-    def check_policy(self, policy: DecodingPolicy) -> None:
+    def declare(self, policy: DecodingPolicy) -> Declaration:
         check_roles(policy)
-
-    def forward_budget(self, policy: DecodingPolicy) -> int:
-        return self.rule.max_indel_forwards(policy.blocks.block_length)
-
-    def budget_source(self, policy: DecodingPolicy) -> str:
-        return f"max_indel_forwards({policy.blocks.block_length})"
+        length = policy.blocks.block_length
+        return Declaration(outputs=OUTPUTS, flags=[INDEL], forward_budget=self.rule.max_indel_forwards(length),
+                           budget_source=f"max_indel_forwards({length})")
 
     def after_write(self, ctx: StepContext, state: DecodeState) -> None:
         indel_step(state, ctx, self.rule)
-
-    def device_flags(self) -> list[DeviceFlag]:
-        return [INDEL]
 
 
 def check_roles(policy: DecodingPolicy) -> None:

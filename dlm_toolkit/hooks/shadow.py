@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.base import Declaration, StepHook
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.step.outputs import Output
 
@@ -56,21 +56,21 @@ class Shadow:
         return [ShadowHook(f"{role} rule '{getattr(self, 'name', type(self).__name__)}'")] if role in ROLES else []
 
 
+OUTPUTS = {"shadow_confidence": Output(("B", "W"), torch.float32,
+                                      "p(written token | its block without it); 0 elsewhere")}
+
+
 class ShadowHook(StepHook):
     """The shadow block as a step hook: the engine appends it to every forward, and after the
     forward ``ctx.hooks.shadow_confidence`` is set from its logits (module docstring)."""
 
-    outputs = {"shadow_confidence": Output(("B", "W"), torch.float32,
-                                           "p(written token | its block without it); 0 elsewhere")}
-
     def __init__(self, who: str):
         self.name = who  # the first rule that reads the shadow block
 
-    def key(self) -> str:
-        return "shadow"
-
-    # the shadow block copies the block of length block_length starting at the block's start
-    needs_fixed_block = "a shadow block"
+    def declare(self, policy: DecodingPolicy) -> Declaration:
+        # one shadow block however many rules read it; it copies the block of length block_length
+        # starting at the block's start
+        return Declaration(outputs=OUTPUTS, key="shadow", needs_fixed_block="a shadow block")
 
     def check_model(self, model: DiffusionLM) -> None:
         """Refuse a full-attention model."""

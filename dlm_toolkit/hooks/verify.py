@@ -44,7 +44,7 @@ import torch
 from dlm_toolkit.step import rng
 from dlm_toolkit.step.canvas import drafted_canvas
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.hooks.base import StepHook
+from dlm_toolkit.hooks.base import Declaration, StepHook
 from dlm_toolkit.step.segments import Keys, Segment
 from dlm_toolkit.strategy.base import StepContext
 from dlm_toolkit.step.outputs import Output
@@ -94,36 +94,34 @@ class Verifier:
         return [VerifyHook(self, policy.m2t.name, policy.sampling.temperature)] if role == "m2t" else []
 
 
+OUTPUTS = {
+    "verified": Output(("B",), torch.bool, "rows that ran a verification forward this step"),
+    "draft": Output(("B", "W"), torch.long, "the window as drafted"),
+    "verify_logits": Output(("B", "W", "V"), "logits", "the verification forward's logits"),
+    "temperature": Output((), float, "the policy's sampling temperature"),
+}
+
+
 class VerifyHook(StepHook):
     """The verification forward as a step hook: after the rules, draft, verify and accept
     (:func:`verify_step`); its forwards count towards the per-block bound."""
-
-    outputs = {
-        "verified": Output(("B",), torch.bool, "rows that ran a verification forward this step"),
-        "draft": Output(("B", "W"), torch.long, "the window as drafted"),
-        "verify_logits": Output(("B", "W", "V"), "logits", "the verification forward's logits"),
-        "temperature": Output((), float, "the policy's sampling temperature"),
-    }
 
     def __init__(self, verifier: Verifier, rule_name: str, temperature: float):
         self.verifier, self.rule_name, self.temperature = verifier, rule_name, temperature
         self.name = f"m2t rule '{rule_name}'"
 
-    # the verification forward copies the block of length block_length starting at the block's start
-    # and assumes the cache ends at the window start: a block that moves and grows breaks both
-    needs_fixed_block = "a verification forward"
+    def declare(self, policy: DecodingPolicy) -> Declaration:
+        length = policy.blocks.block_length
+        # the verification forward copies the block of length block_length starting at the block's start
+        # and assumes the cache ends at the window start: a block that moves and grows breaks both
+        return Declaration(outputs=OUTPUTS, forward_budget=self.verifier.max_verify_forwards(length),
+                           budget_source=f"max_verify_forwards({length})", needs_fixed_block="a verification forward")
 
     def check_model(self, model: DiffusionLM) -> None:
         """Refuse a full-attention model (it has no autoregressive mode to verify with)."""
         if model.attention != "block_causal":
             raise ConfigError(f"{self.name} verifies with the model's autoregressive mode (block size one), which "
                               f"needs a block-causal model; this model's attention is '{model.attention}'")
-
-    def forward_budget(self, policy: DecodingPolicy) -> int:
-        return self.verifier.max_verify_forwards(policy.blocks.block_length)
-
-    def budget_source(self, policy: DecodingPolicy) -> str:
-        return f"max_verify_forwards({policy.blocks.block_length})"
 
     def after_rules(self, ctx: StepContext, engine: StepEngine, state: DecodeState) -> None:
         verify_step(engine, self.verifier, ctx, self.temperature)

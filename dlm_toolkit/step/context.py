@@ -101,7 +101,7 @@ class StepContext:
     ``commit`` before ``t2t`` runs, ``edit`` before ``remask`` runs.
 
     What the policy's step hooks (:mod:`dlm_toolkit.hooks`) add lives in one typed namespace,
-    ``ctx.hooks``: each hook declares its outputs (:attr:`~dlm_toolkit.hooks.base.StepHook.outputs`) and
+    ``ctx.hooks``: each hook declares its outputs (``Declaration.outputs``, :mod:`dlm_toolkit.hooks.base`) and
     sets only those, with the declared shape and dtype; a rule reads ``ctx.hooks.<name>`` (None while
     no hook set it this step; a name no hook of the policy declares is an error). The built-in ones:
 

@@ -13,7 +13,7 @@ width). Who may declare one:
 
 - the core: the step checks (:class:`~dlm_toolkit.decoding.policy.StepChecks`) and the engine's own
   schedule errors, with :func:`declare` when their module is imported;
-- any step hook, through its ``device_flags()`` stage (:mod:`dlm_toolkit.hooks`).
+- any step hook, through the ``flags`` of its declaration (:class:`dlm_toolkit.hooks.Declaration`).
 
 :class:`FlagTable` is the registered table of a policy (``policy.flags``): its names are unique
 (a collision is a :class:`~dlm_toolkit.config.ConfigError` naming both declarers, when the policy
@@ -115,25 +115,6 @@ class FlagTable:
             self.order[flag.name] = len(self.entries)
             self.entries.append((owner, flag))
 
-    @classmethod
-    def of_hooks(cls, hooks: Sequence[Any]) -> FlagTable:
-        """The table of the core's flags and every hook's ``device_flags()``.
-
-        Raises:
-            ConfigError: a hook's ``device_flags()`` returns something else than DeviceFlag objects,
-                or two declarers share a name.
-        """
-        declared: list[tuple[str, DeviceFlag]] = []
-        for hook in hooks:
-            got = hook.device_flags()
-            items = list(got) if isinstance(got, (list, tuple)) else None
-            if items is None or not all(isinstance(f, DeviceFlag) for f in items):
-                what = type(got).__name__ if items is None else next(type(f).__name__ for f in items
-                                                                     if not isinstance(f, DeviceFlag))
-                raise ConfigError(f"{hook.name}: device_flags() must return a list of DeviceFlag objects, got {what}")
-            declared += [(hook.name, f) for f in items]
-        return cls(declared)
-
 
 class FlagBoard:
     """One decode's pending flag values on the device (``DecodeState.flags``).
@@ -169,7 +150,7 @@ class FlagBoard:
     def _registered(self, flag: DeviceFlag) -> None:
         if self.table is not None and self.table.owners.get(flag.name) is None:
             raise StrategyError(f"device flag '{flag.name}' was set but no hook of the policy declares it "
-                                "(return it from the hook's device_flags())")
+                                "(list it in the flags of the hook's declaration: Declaration(flags=[...]))")
 
     def _claim(self, flag: DeviceFlag, slab: str, column: int) -> None:
         self._registered(flag)

@@ -23,7 +23,7 @@ SCALARS = (float, int, bool)  # the dtypes of a shape-() output: a Python number
 
 @dataclass(frozen=True)
 class Output:
-    """The declaration of one step-hook output (:attr:`dlm_toolkit.hooks.base.StepHook.outputs`).
+    """The declaration of one step-hook output (the ``outputs`` of a hook's :class:`~dlm_toolkit.hooks.base.Declaration`).
 
     ``shape``: dimensions over the step, each ``"B"`` (rows), ``"W"`` (window slots) or ``"V"``
     (vocabulary); ``()`` for a Python number. ``dtype``: a ``torch.dtype``; ``"logits"`` for the dtype

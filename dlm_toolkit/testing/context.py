@@ -7,8 +7,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from dlm_toolkit.config import SamplingConfig
-from dlm_toolkit.hooks.base import StepHook, declared_outputs
+from dlm_toolkit.decoding.policy import DecodingPolicy
+from dlm_toolkit.hooks.base import StepHook, declaration, declared_outputs
 from dlm_toolkit.hooks.shadow import ShadowHook
+from dlm_toolkit.step.outputs import Declared
 from dlm_toolkit.step.state import row_seeds
 from dlm_toolkit.strategy.base import StepContext
 
@@ -36,6 +38,7 @@ def make_context(
     shadow_confidence: torch.Tensor | None = None,
     hooks: Sequence[StepHook] = (),
     outputs: Mapping[str, Any] | None = None,
+    policy: DecodingPolicy | None = None,
 ) -> StepContext:
     """A context over a window starting at position 0, built by the engine's own
     :meth:`StepContext.build` (greedy sampling from ``logits`` unless ``sampling`` says otherwise).
@@ -57,6 +60,8 @@ def make_context(
         hooks: step hooks whose declared outputs ``ctx.hooks`` holds (as a policy with them would).
         outputs: ``{name: value}`` set in ``ctx.hooks`` as the declaring hook would (checked against
             its declaration).
+        policy: the policy the hooks declare their outputs under (``hook.declare(policy)``; default:
+            ``DecodingPolicy()``, the default preset).
     """
     b, w = tokens.shape
     device = tokens.device
@@ -89,7 +94,7 @@ def make_context(
         mask_token_id=mask_token_id,
         eos_token_id=eos_token_id,
         batch_rows=batch_rows if batch_rows is not None else int(rows.max()) + 1,
-        outputs=declared_outputs([*hooks, ShadowHook("make_context")] if shadow_confidence is not None else hooks),
+        outputs=_declared([*hooks, ShadowHook("make_context")] if shadow_confidence is not None else hooks, policy),
     )
     if not torch.equal(ctx.in_block, in_block):
         raise ValueError("in_block must be one interval of positions per row (the active block)")
@@ -103,6 +108,13 @@ def make_context(
     else:
         ctx.editable = ctx.editable & in_block
     return ctx
+
+
+def _declared(hooks: Sequence[StepHook], policy: DecodingPolicy | None) -> dict[str, Declared]:
+    if not hooks:
+        return {}
+    policy = DecodingPolicy() if policy is None else policy
+    return declared_outputs(hooks, [declaration(h, policy) for h in hooks])
 
 
 def _per_row(value: int | torch.Tensor, b: int, device: torch.device) -> torch.Tensor:

@@ -45,10 +45,10 @@ import pytest
 import torch
 
 from dlm_toolkit.config import ConfigError
-from dlm_toolkit.hooks.base import STAGES, StepHook, check_combinations, check_hook, label, overrides
+from dlm_toolkit.hooks.base import STAGES, StepHook, check_combinations, check_hook, declaration, label, overrides
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.decoding.engine import StepEngine
-from dlm_toolkit.step.flags import DeviceFlag, FlagTable
+from dlm_toolkit.step.flags import FlagTable
 from dlm_toolkit.decoding.loop import decode
 from dlm_toolkit.step.state import DecodeResult, row_seed
 from dlm_toolkit.step.trajectory import Trajectory
@@ -105,7 +105,7 @@ class StepHookContract:
         if config is not None:
             return DecodingPolicy(config)
         policy = copy.copy(self.make_policy())
-        policy.hooks, policy.hook_outputs, policy.flags = [], {}, FlagTable.of_hooks([])
+        policy.hooks, policy.declarations, policy.hook_outputs, policy.flags = (), (), {}, FlagTable()
         return policy
 
     def make_model(self) -> DiffusionLM:
@@ -140,16 +140,19 @@ class StepHookContract:
         if self.hook_type is not None:
             assert any(type(h) is self.hook_type for h in policy.hooks), (
                 f"policy.hooks holds {[type(h).__name__ for h in policy.hooks]}, not {self.hook_type.__name__}")
+        declared = []
         for hook in policy.hooks:
             assert isinstance(hook, StepHook), f"{hook!r} is not a StepHook"
             try:
                 check_hook(hook)
+                declared.append(declaration(hook, policy))
                 hook.check_model(self.make_model())
             except ConfigError as err:
                 raise AssertionError(f"{label(hook)} fails its build-time checks: {err}") from err
-            flags = hook.device_flags()
-            assert all(isinstance(f, DeviceFlag) for f in flags), f"{label(hook)}: device_flags() must give DeviceFlag objects"
-        check_combinations(policy.hooks)
+            assert declaration(hook, policy) == declared[-1], (
+                f"{label(hook)}: declare(policy) gives another Declaration when asked again (it must depend on the "
+                "hook's configuration and the policy only)")
+        check_combinations(policy.hooks, declared)
 
     def test_keeps_no_state(self) -> None:
         policy = self._policy()
@@ -210,7 +213,8 @@ class StepHookContract:
 
     def test_declared_outputs_are_set_as_declared(self) -> None:
         policy = self._policy()
-        declared = {name: (label(h), out) for h in policy.hooks for name, out in h.outputs.items()}
+        declared = {name: (label(h), out) for h in policy.hooks
+                    for name, out in declaration(h, policy).outputs.items()}
         seen: set[str] = set()
         with _probe_outputs(declared, seen):
             self._decode(policy, record=True)
@@ -221,7 +225,7 @@ class StepHookContract:
     def test_forward_budget_holds_and_counters_recount(self) -> None:
         policy = self._policy()
         bound = policy.blocks.max_forwards_per_block()
-        budget = sum(h.forward_budget(policy) for h in policy.hooks)
+        budget = sum(declaration(h, policy).forward_budget for h in policy.hooks)
         assert policy.forward_limit() == bound + budget, (
             f"policy.forward_limit() = {policy.forward_limit()}, not the schedule's {bound} + the hooks' {budget}")
         with _probe_forwards() as events:

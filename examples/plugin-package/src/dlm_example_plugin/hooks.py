@@ -12,7 +12,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import T2T, StepContext
-from dlm_toolkit.hooks import StepHook
+from dlm_toolkit.hooks import Declaration, StepHook
 
 ThresholdEdit = T2T.get("threshold")
 
@@ -23,8 +23,8 @@ class FreezeFirst(StepHook):
     def __init__(self, frozen: int) -> None:
         self.frozen = frozen  # configuration, fixed when the policy is built; a decode never changes it
 
-    def key(self) -> tuple[str, int]:
-        return ("freeze_first", self.frozen)  # two rules asking for the same freeze get one hook
+    def declare(self, policy: object) -> Declaration:
+        return Declaration(key=("freeze_first", self.frozen))  # two rules asking for one freeze get one hook
 
     def after_rules(self, ctx: StepContext, engine: object, state: object) -> None:
         rank = ctx.in_block.long().cumsum(1)  # 1, 2, ... along the active block
