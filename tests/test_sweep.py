@@ -8,6 +8,7 @@ Process-level behaviour (kill -9 and resume, two workers) is in test_sweep_proce
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 
@@ -245,6 +246,11 @@ def test_sweep_mlflow_runs_params_metrics_tags_artifacts(swept, tmp_path):
         assert client.get_metric_history(run.info.run_id, "progress.accuracy_so_far")[-1].step == 8
         assert "records.jsonl" in {a.path for a in client.list_artifacts(run.info.run_id)}
         assert tags["preset"] == (t.user_attrs.get("preset") or "none")
+        page = open(client.download_artifacts(run.info.run_id, "trajectory.html", str(tmp_path / run.info.run_id))).read()
+        named = (f"preset {t.user_attrs['preset']}" if t.user_attrs.get("preset") else
+                 f"m2t.params.threshold={t.params['m2t.params.threshold']:.4g}")  # the page says which trial it shows
+        assert re.search(rf"<title>add: trial {t.number}, [^<]*{re.escape(named)}[^<]* \u00b7 {h.checkpoint().name}</title>",
+                         page), re.findall("<title>.*</title>", page)
         assert tags["mlflow.note.content"].startswith(f"Trial {t.number} of study 't': ")  # the run's description
         assert tags["on_front"] == str(t.number in front).lower()
     # the parent's front metrics are a curve over trial numbers, not one dot per sweep

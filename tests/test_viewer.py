@@ -272,9 +272,13 @@ def test_trial_logs_a_trajectory_page(tmp_path):
     run = tracker.client.create_run(tracker.experiment_id)
     trial = TrialRun(tracker, run.info.run_id)
     tracker.client.set_tag(run.info.run_id, "mlflow.note.content", "Trial 0 of study 's'")
-    assert trial.log_trajectories(model, tok, get_task("pick"), DecodingPolicy("llada2.1-s").config, 0) == "trajectory.html"
+    policy = DecodingPolicy("llada2.1-s").config
+    assert trial.log_trajectories(model, tok, get_task("pick"), policy, 0, label="trial 3, m2t.params.threshold=0.83",
+                                  checkpoint="checkpoints/testbed-editable") == "trajectory.html"
     client = MlflowClient(uri)
     assert "trajectory.html" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    page = (Path(client.download_artifacts(run.info.run_id, "trajectory.html", str(tmp_path))).read_text())
+    assert "<title>pick: trial 3, m2t.params.threshold=0.83 \u00b7 testbed-editable</title>" in page
     tags = client.get_run(run.info.run_id).data.tags
     assert tags["trajectory_html"] == "trajectory.html" and "trajectory_html_error" not in tags
     assert tags["mlflow.note.content"].startswith("Trial 0 of study 's'\n\nStep-by-step decode of 2 eval instances")

@@ -302,17 +302,19 @@ class TrialRun:
         self._call(self.client.log_text, self.run_id, text, "records.jsonl")
 
     def log_trajectories(self, model: Any, tokenizer: Any, task: Any, policy: Any, seed: int, n_prompts: int = 2,
-                         cuda_graphs: bool | None = None) -> str | None:
+                         cuda_graphs: bool | None = None, label: str | None = None,
+                         checkpoint: str | None = None) -> str | None:
         """The step-by-step viewer of ``n_prompts`` eval instances decoded again, recorded (the trial's
         evaluation keeps no trajectory), as the artifact ``trajectory.html``, named by the run's tag
         ``trajectory_html`` and linked from its description. Returns the artifact path, or None
         when the page cannot be made (the reason goes to the tag ``trajectory_html_error``: a
-        trial is never failed by its picture)."""
+        trial is never failed by its picture). The page's title names the task, ``label`` (e.g. the
+        trial and its parameters; default: the policy's hash) and the checkpoint."""
         from dlm_toolkit.models.chat import use_chat
         from dlm_toolkit.decoding.loop import decode
         from dlm_toolkit.evaluation.evaluate import task_prompt
         from dlm_toolkit.step.state import row_seed
-        from dlm_toolkit.viewer import fit_every, trajectory_page
+        from dlm_toolkit.viewer import fit_every, page_title, trajectory_page
 
         try:
             instances = task.instances(n_prompts, seed, "eval")
@@ -320,8 +322,8 @@ class TrialRun:
             prompts = [task_prompt(tokenizer, task, inst, chat) for inst in instances]
             result = decode(model, prompts, policy, task.answer_length + 1, record=True, cuda_graphs=cuda_graphs,
                             seed=[row_seed(seed, i) for i in range(len(prompts))])  # the evaluation's streams
-            page = trajectory_page(result, tokenizer, every=fit_every(result),
-                                   title=f"{task.name}: {policy.config_hash()[:12]}, {len(prompts)} eval instances")
+            title = page_title(task.name, label or f"policy {policy.config_hash()[:12]}", None, checkpoint)
+            page = trajectory_page(result, tokenizer, every=fit_every(result), title=title)
         except Exception as err:  # the trial's metrics stand; only its picture is missing
             self._call(self.client.set_tag, self.run_id, "trajectory_html_error", f"{type(err).__name__}: {err}"[:5000])
             return None

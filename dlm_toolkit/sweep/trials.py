@@ -179,7 +179,10 @@ class TrialRunner:
             trial.set_user_attr("metrics", metrics)
             trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
             run.log_records(result.records)
-            run.log_trajectories(self.model, self.tokenizer, self.task, policy, exp.seed, min(2, exp.n), exp.cuda_graphs)
+            label = f"trial {trial.number}, " + (f"preset {preset}" if preset else ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()))
+            run.log_trajectories(self.model, self.tokenizer, self.task, policy, exp.seed, min(2, exp.n), exp.cuda_graphs,
+                                 label=label, checkpoint=exp.model)
             run.finish("FINISHED", "COMPLETE", metrics)
             self.echo(trial_line(trial.number, "COMPLETE", metrics, preset))
             return [metrics[m] for m in exp.metric_names]
