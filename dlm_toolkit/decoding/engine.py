@@ -371,8 +371,9 @@ class StepEngine:
             self.added[id(hook)] = logits[at:at + count]
             at += count
         out, width, w = logits[0], window.width, self.window_width
-        if self.cached:  # the span ends at the window's end: its last W slots
-            out = out[:, width - w:]  # captured: a contiguous copy (a graph's output buffer; one layout for the rules)
+        if self.cached:  # the span ends at the window's end: its last W slots (all of them: no slice op)
+            out = out[:, width - w:] if width > w else out
+            # captured: a contiguous copy (a graph's output buffer; one layout for the rules)
             return out if self.mode == "eager" else out.clone()
         index = (hi[:, None] - w + self.arange(w) - first).clamp(0, width - 1)
         return out.gather(1, index[:, :, None].expand(-1, -1, out.shape[-1]))
