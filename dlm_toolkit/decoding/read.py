@@ -18,7 +18,6 @@ after the hooks' in the table's order), as one device slab would.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -92,16 +91,15 @@ def read_every_row(engine: StepEngine, live: torch.Tensor, lo: torch.Tensor, hi:
     if engine.cached:  # the narrowest of W, W + block, or whole blocks that holds the span
         span, bl = _max_live(live_n, [h - a for h, a in zip(his, starts)]), engine.block_length
         width = w if span <= w else max(w + bl, -(-span // bl) * bl)
-    facts = StepFacts(read=True, post_max=_max_live(live_n, posts), post_any=any(x and m == 0 for x, m in
-                                                                                   zip(live_n, masked)),
-                      width=width, needed=needed, live=keep, window_ends=(min(his), max(his)),
-                      context_key=(tuple(live_n), tuple(his), tuple(los), tuple(cols[-1])) if fixed else None)
-    if not engine.reuse:
-        return facts
-    # not right after the prefill: it moved the cached lengths after they were read
-    key = (width, needed, tuple(live_n), tuple(his), tuple(lens), tuple(bounds)) if prefilled else None
-    moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
-    return replace(facts, layout_key=key, cache_moves=moves)
+    live_t, his_t = tuple(live_n), tuple(his)
+    key, moves = None, True
+    if engine.reuse:  # not right after the prefill: it moved the cached lengths after they were read
+        key = (width, needed, live_t, his_t, tuple(lens), tuple(bounds)) if prefilled else None
+        moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
+    return StepFacts(read=True, post_max=_max_live(live_n, posts), post_any=any(x and m == 0 for x, m in
+                                                                                zip(live_n, masked)),
+                     width=width, needed=needed, live=keep, window_ends=(min(his), max(his)), layout_key=key,
+                     cache_moves=moves, context_key=(live_t, his_t, tuple(los), tuple(cols[-1])) if fixed else None)
 
 
 def read_reduced(engine: StepEngine, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, checks: StepChecks,
