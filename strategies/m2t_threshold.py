@@ -28,4 +28,4 @@ class ThresholdUnmask(UnmaskRule):
         fillable = ctx.fillable
         commit = fillable & (ctx.confidence > self.config.threshold)
         # the top-1 is empty where nothing is fillable, so "rows with no commit" is the whole condition
-        return commit | (top1(ctx.confidence, fillable) & ~commit.any(1, keepdim=True))
+        return torch.where(commit.any(1, keepdim=True), commit, top1(ctx.confidence, fillable))
