@@ -57,7 +57,9 @@ class StepContext:
     Tensors cover every row of the decode batch (``live`` says which forward now) and a window of
     ``W`` positions, ``W`` fixed by the block schedule (:meth:`~dlm_toolkit.strategy.base.BlockSchedule.window_width`), all on
     the model's device. Windows with fewer real positions are left-padded (``valid`` False), so
-    every step of a decode has the same shapes.
+    every step of a decode has the same shapes. Read-only: the decode loop shares ``positions``,
+    ``valid``, ``is_prompt`` and ``in_block`` between the steps of a block, so a rule or hook that
+    needs another mask builds a new tensor rather than writing into these.
 
     ======================  =========  =======  =================================================
     field                   shape      dtype    meaning
@@ -221,8 +223,8 @@ class StepContext:
     ) -> StepContext:
         """The context of one forward from the canvas window and the logits: derives the masks,
         draws ``sampled``/``confidence`` (:func:`dlm_toolkit.step.sampling.sample`, keyed by each row's
-        seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
-        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
+        seed) and leaves ``editable`` at "written, non-prompt" (with ``layout``: its ``writable``
+        slots not masked); the caller narrows it to the schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
         (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
         ``outputs``: the hook outputs the policy declares (:func:`dlm_toolkit.hooks.base.declared_outputs`; none
         by default). ``layout``: :meth:`window_masks` of these positions when the caller has them
