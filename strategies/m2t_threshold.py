@@ -20,8 +20,12 @@ class ThresholdUnmask(UnmaskRule):
     class Config(StrategyConfig):
         threshold: float = Field(0.9, gt=0.0, le=1.0, description="commit iff confidence > threshold (strict)")
 
+    # inside: a commit is fillable (both terms are & fillable); progress: top1 over the fillable slots
+    # picks one wherever there is one and no confidence is -inf (probabilities are not)
+    GUARANTEES = frozenset({"inside", "progress"})
+
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         fillable = ctx.fillable
         commit = fillable & (ctx.confidence > self.config.threshold)
         # the top-1 is empty where nothing is fillable, so "rows with no commit" is the whole condition
-        return commit | (top1(ctx.confidence, fillable) & ~commit.any(1, keepdim=True))
+        return torch.where(commit.any(1, keepdim=True), commit, top1(ctx.confidence, fillable))

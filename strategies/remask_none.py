@@ -9,5 +9,7 @@ from dlm_toolkit import REMASK, RemaskRule, StepContext
 
 @REMASK.register("none")
 class NoRemask(RemaskRule):
+    GUARANTEES = frozenset({"nothing"})  # zeros
+
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         return torch.zeros_like(ctx.editable)

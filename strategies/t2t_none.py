@@ -9,5 +9,7 @@ from dlm_toolkit import T2T, EditRule, StepContext
 
 @T2T.register("none")
 class NoEdit(EditRule):
+    GUARANTEES = frozenset({"nothing"})  # zeros
+
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         return torch.zeros_like(ctx.editable)

@@ -19,5 +19,7 @@ class ThresholdEdit(EditRule):
     class Config(StrategyConfig):
         threshold: float = Field(0.5, ge=0.0, le=1.0, description="edit iff confidence > threshold (strict)")
 
+    GUARANTEES = frozenset({"inside"})  # an edit is editable (the first term)
+
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         return ctx.editable & (ctx.sampled != ctx.tokens) & (ctx.confidence > self.config.threshold)

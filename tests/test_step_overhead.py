@@ -30,11 +30,18 @@ def policy(**more: object) -> DecodingPolicy:
     return DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 8, **more})
 
 
+def unproven() -> DecodingPolicy:
+    """``policy()`` with rules that declare no guarantees (decoding.policy.guaranteed): every step check
+    is computed."""
+    return DecodingPolicy({"m2t": {"name": "topk"}, "t2t": {"name": "margin"}, "remask": {"name": "low_confidence"},
+                           "blocks": {"name": "semi_ar", "params": {"block_length": 8}}, "sampling": {"temperature": 0}})
+
+
 def a_step(seed: int, rows_tensor: str = "own") -> tuple[DecodeState, object, DecodingPolicy]:
     """A state of three rows (one not live) with a random canvas and a context whose selections are
     random (inside and outside their regions), some confidences non-finite."""
     g = torch.Generator().manual_seed(seed)
-    pol = policy()
+    pol = unproven()
     state = DecodeState.start([[1, 2, 3], [4] * 11, [5] * 6], 20, pol.blocks, MASK, EOS, VOCAB, 0)
     gen = torch.rand(state.canvas.shape, generator=g) < 0.5
     state.canvas = torch.where(gen & (state.written_step < 0) & (torch.arange(state.canvas.shape[1]) >= 11),
@@ -127,7 +134,7 @@ def test_the_verify_check_is_kept_for_a_verifying_policy():
     pol = DecodingPolicy({"m2t": {"name": "s2d2"}, "blocks": {"name": "semi_ar", "params": {"block_length": 8}}})
     assert "verified" in pol.hook_outputs
     assert [f.name for f in StepChecks(pol, 10).flags] == list(StepChecks.NAMES)
-    assert [f.name for f in StepChecks(policy(), 10).flags] == [n for n in StepChecks.NAMES if n != "verify"]
+    assert [f.name for f in StepChecks(unproven(), 10).flags] == [n for n in StepChecks.NAMES if n != "verify"]
 
 
 @pytest.mark.parametrize("seed", range(4))

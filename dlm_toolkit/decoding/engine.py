@@ -46,8 +46,9 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import torch
 
+from dlm_toolkit.decoding.read import read_every_row, read_reduced
 from dlm_toolkit.step.facts import SavedLayout, StepFacts
-from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, board, declare
+from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, declare
 from dlm_toolkit.models.base import DiffusionLM
 from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
 from dlm_toolkit.step.state import COUNTERS, DecodeState
@@ -126,70 +127,9 @@ class StepEngine:
         """The one host read: raise on a set device flag (:mod:`dlm_toolkit.step.flags`: the step checks,
         the hooks' flags, the engine's own); None when no row is live; else the step's
         :class:`~dlm_toolkit.step.facts.StepFacts` (the forward's width among them; the KV cache is
-        prefilled before the first step)."""
-        s, blocks = self.state, self.blocks
-        prefilled = self.prefilled
-        if s.flags is None or s.flags.table is None:  # the first read: the policy's table of flags
-            board(s).adopt(checks.policy.flags)
-        if self.cached:
-            assert s.cache_len is not None
-            boundary = blocks.cache_boundary(s, s.all_rows, lo, hi)
-            start = s.cache_len if self.prefilled else boundary
-            if boundary is lo:  # the default boundary (the window start): the three tests are one
-                bad_cache = live & (lo < s.cache_len)
-            else:
-                bad_cache = live & ((lo < s.cache_len) | (boundary < s.cache_len) | (boundary > lo))
-            # span, prefill_to and (trim) needed: one masked max over the live rows
-            wanted = [hi - start, boundary] + ([start] if self.trim and not self.full else [])
-        else:
-            bad_cache = torch.zeros_like(live)
-            wanted = [hi] if self.trim and not self.full else []
-        # the engine's three flags in one slab: one update per read instead of three
-        s.flags.set_many(ENGINE_FLAGS, torch.stack(
-            [bad_cache, live & (hi - lo > self.window_width), self.overflow_rows], 1), source=self)
-        n_wanted = len(wanted)
-        wanted += [s.post, s.block_masked == 0]  # the post facts (StepFacts.post_max, post_any), in the same max
-        maxes = torch.where(live, torch.stack(wanted), 0).amax(1) if wanted else self.empty
-        # bools promote to long in the cat; (trim) whether any row is live is in the rows read anyway
-        head = maxes if self.trim else torch.cat([live.any()[None], maxes])
-        rows = live if self.trim else self.empty
-        # (reuse) the step forward's layout key: every row's window end, cached length and boundary
-        key_parts = [hi, s.cache_len, boundary] if self.reuse else []
-        host = torch.cat([head, rows, *key_parts, *s.flags.pending()]).tolist()
-        at = 0 if self.trim else 1
-        any_live = None if self.trim else host[0]
-        if self.cached:
-            span_n, prefill_n = host[at:at + 2]
-            needed_n = host[at + 2] if n_wanted == 3 else 0
-        else:
-            span_n, prefill_n = 0, 0
-            needed_n = host[at] if n_wanted else 0
-        post_max, post_any = host[at + n_wanted], bool(host[at + n_wanted + 1])
-        n_head, n = len(head), s.batch_size
-        n_key = n_head + len(rows)
-        s.flags.raise_first(host[n_key + len(key_parts) * n:], s)
-        s.flags.consumed()
-        checks.forget()
-        keep = None
-        if self.trim:
-            keep = tuple(r for r, x in enumerate(host[n_head:n_head + len(rows)]) if x)
-            any_live = bool(keep)
-        if not any_live:
-            return None
-        if not self.prefilled:
-            self.prefill(live, boundary, prefill_n)
-        width = self.length
-        if self.cached:  # the narrowest of W, W + block, or whole blocks that holds the span
-            w, bl = self.window_width, self.block_length
-            width = w if span_n <= w else max(w + bl, -(-span_n // bl) * bl)
-        facts = StepFacts(read=True, post_max=post_max, post_any=post_any, width=width, needed=needed_n, live=keep)
-        if not self.reuse:
-            return facts
-        live_n, his, lens, bounds = (tuple(host[at:at + n]) for at in range(n_head, n_key + 3 * n, n))
-        # not right after the prefill: it moved the cached lengths after they were read
-        key = (width, needed_n, live_n, his, lens, bounds) if prefilled else None
-        moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
-        return replace(facts, window_ends=(min(his), max(his)), layout_key=key, cache_moves=moves)
+        prefilled before the first step). How: :mod:`dlm_toolkit.decoding.read`."""
+        how = read_every_row if self.trim else read_reduced
+        return how(self, live, lo, hi, checks, ENGINE_FLAGS)
 
     def rows_tensor(self, keep: tuple[int, ...]) -> torch.Tensor:
         """``keep`` as a long tensor on the decode's device, one per set of rows (a decode sees few)."""
@@ -431,8 +371,9 @@ class StepEngine:
             self.added[id(hook)] = logits[at:at + count]
             at += count
         out, width, w = logits[0], window.width, self.window_width
-        if self.cached:  # the span ends at the window's end: its last W slots
-            out = out[:, width - w:]  # captured: a contiguous copy (a graph's output buffer; one layout for the rules)
+        if self.cached:  # the span ends at the window's end: its last W slots (all of them: no slice op)
+            out = out[:, width - w:] if width > w else out
+            # captured: a contiguous copy (a graph's output buffer; one layout for the rules)
             return out if self.mode == "eager" else out.clone()
         index = (hi[:, None] - w + self.arange(w) - first).clamp(0, width - 1)
         return out.gather(1, index[:, :, None].expand(-1, -1, out.shape[-1]))

@@ -27,12 +27,12 @@ from dlm_toolkit.config import ConfigError
 from dlm_toolkit.strategy.policy_config import PolicyConfig
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.decoding.engine import CaptureMode, StepEngine, shared
-from dlm_toolkit.step.facts import StepFacts
+from dlm_toolkit.step.facts import SavedLayout, StepFacts
 from dlm_toolkit.hooks.base import HookStages, run_stage
 from dlm_toolkit.decoding.policy import DecodingPolicy, StepChecks
 from dlm_toolkit.decoding.rule_capture import RuleRunners
 from dlm_toolkit.step.state import DecodeResult, DecodeState, row_seeds, validate_prompts
-from dlm_toolkit.strategy.base import StepContext
+from dlm_toolkit.strategy.base import BlockSchedule, StepContext
 from dlm_toolkit.step.trajectory import Trajectory
 
 
@@ -127,6 +127,7 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
     prepare, finish_step = with_facts(blocks.prepare, 1), with_facts(blocks.finish_step, 2)
     start = perf_counter()
     facts = StepFacts()  # what the host knows: the last read's facts, passed to every stage that uses them
+    context_layout = SavedLayout()  # the step context's positions and masks, kept under facts.context_key
     with torch.inference_mode():
         since_read = check_every
         while True:
@@ -141,13 +142,13 @@ def decode_rows(model: DiffusionLM, prompts: Sequence[Sequence[int]], seeds: lis
                 facts = facts.later()
             since_read += 1
             logits = engine.forward(live, lo, hi, facts)  # (N, W, V)
-            ctx = step_context(policy, state, live, lo, hi, logits)
+            ctx = step_context(policy, state, live, lo, hi, logits, facts, context_layout)
             for after_forward in hooks.after_forward:
                 after_forward(ctx, engine, state)
             rules_step(ctx, state.memory)
             for after_rules in hooks.after_rules:
                 after_rules(ctx, engine, state)
-            write_step(state, ctx, facts)
+            write_step(state, ctx, facts, checks.no_remask)
             for after_write in hooks.after_write:
                 after_write(ctx, state)
             finish_step(state, ctx, facts)
@@ -205,25 +206,38 @@ def check_context(model: DiffusionLM, canvas: int, block_length: int, what: str 
 
 
 def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-                 logits: torch.Tensor) -> StepContext:
+                 logits: torch.Tensor, facts: StepFacts | None = None, saved: SavedLayout | None = None) -> StepContext:
     """The :class:`StepContext` of every row for the window ``hi - W + [0, W)`` (real from ``lo``, in
-    live rows)."""
+    live rows). ``saved``: the decode's one saved context layout (positions, canvas index, masks), taken
+    when ``facts.context_key`` is its key and kept under that key when it is not."""
     rows = state.all_rows
     width = logits.shape[1]
-    positions = (hi[:, None] - width) + state.offsets(width)  # (N, W)
-    idx = positions.clamp(0, state.canvas.shape[1] - 1)
-    block_lo, block_hi = state.block_bounds(rows)
+    key = facts.context_key if facts is not None and saved is not None else None
+    # the default edit region is the active block: folded into the saved layout's writable slots
+    default_edit = type(policy.blocks).edit_region is BlockSchedule.edit_region
+    if key is not None and key == saved.key:  # precondition: positions, valid, is_prompt, in_block depend only
+        positions, idx, valid, is_prompt, in_block, writable = saved.window  # on the key (context_key) and W
+    else:
+        positions = (hi[:, None] - width) + state.offsets(width)  # (N, W)
+        idx = positions.clamp(0, state.canvas.shape[1] - 1)
+        valid = (positions >= lo[:, None]) & live[:, None]
+        is_prompt, in_block, writable = StepContext.window_masks(positions, valid, state.prompt_len,
+                                                                 *state.block_bounds(rows))
+        if default_edit:  # editable & edit_region(ctx) for the default region, ctx.in_block
+            writable = writable & in_block
+        if key is not None:
+            saved.key, saved.window = key, (positions, idx, valid, is_prompt, in_block, writable)
     # copies, since the engine updates these in place after the rules ran: one stack, not four clones
     step, block, block_step, block_masked_start = torch.stack(
         [state.nfe, state.block, state.block_step, state.block_masked_start]).unbind(0)
     ctx = StepContext.build(
         rows=rows,
         positions=positions,
-        valid=(positions >= lo[:, None]) & live[:, None],
+        valid=valid,
         tokens=state.canvas.gather(1, idx),
         prompt_len=state.prompt_len,
-        block_lo=block_lo,
-        block_hi=block_hi,
+        block_lo=None,
+        block_hi=None,
         logits=logits,
         sampling=policy.sampling,
         written_step=state.written_step.gather(1, idx),
@@ -239,6 +253,8 @@ def step_context(policy: DecodingPolicy, state: DecodeState, live: torch.Tensor,
         batch_rows=state.batch_size,
         live=live,
         outputs=policy.hook_outputs,
+        layout=(is_prompt, in_block, writable),
     )
-    ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
+    if not default_edit:
+        ctx.editable = ctx.editable & policy.blocks.edit_region(state, ctx)
     return ctx

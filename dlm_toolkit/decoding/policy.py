@@ -152,6 +152,39 @@ ALLOWED = {  # role -> (where its selection may lie, how to say it)
 }
 
 
+GUARANTEES = {  # what a rule may declare its selections always satisfy (its class's GUARANTEES)
+    "inside": "every selected position lies in the role's region (ALLOWED)",
+    "progress": "(m2t) a commit in every row whose active block has a mask, for confidences that are "
+                "probabilities or NaN (as sampling gives them)",
+    "nothing": "no position is ever selected",
+}
+
+
+def guaranteed(rule: Strategy) -> frozenset[str]:
+    """The :data:`GUARANTEES` ``rule`` declares: the ``GUARANTEES`` attribute of the class that defines
+    its ``__call__`` (a subclass that overrides ``__call__`` and declares nothing has none). Built-in
+    rules declare them next to their ``__call__``; ``tests/test_step_guarantees.py`` checks each
+    declaration against random contexts."""
+    for klass in type(rule).__mro__:
+        if "__call__" in vars(klass):
+            return frozenset(vars(klass).get("GUARANTEES", ())) & GUARANTEES.keys()
+    return frozenset()
+
+
+def provably_kept(policy: DecodingPolicy) -> frozenset[str]:
+    """The step checks (:attr:`StepChecks.NAMES`) the policy's rules cannot fail by their
+    :func:`guaranteed` declarations: none when the policy has step hooks (a hook may replace a
+    selection after the rules, or change the context they read)."""
+    if policy.hooks:
+        return frozenset()
+    m2t, t2t, remask = guaranteed(policy.m2t), guaranteed(policy.t2t), guaranteed(policy.remask)
+    kept = {"m2t"} if m2t & {"inside", "nothing"} else set()
+    kept |= {"progress"} if "progress" in m2t else set()
+    kept |= {"t2t"} if t2t & {"inside", "nothing"} else set()
+    kept |= {"remask", "net"} if "nothing" in remask else {"remask"} if "inside" in remask else set()
+    return frozenset(kept)
+
+
 class StepChecks:
     """The invariants of each step, computed on the device and raised at the next host read.
 
@@ -161,7 +194,8 @@ class StepChecks:
     device flag (:data:`CHECKS`, :mod:`dlm_toolkit.step.flags`) set per row every step; reading them
     right away would stall a GPU every step, so the engine's next read carries them, and the
     first failed step (then check, then row) raises before anything is returned. The messages
-    read that step's context, which is kept here until the read.
+    read that step's context, which is kept here until the read. Checks the policy's rules
+    provably keep (:func:`provably_kept`) are not computed.
     """
 
     NAMES = ("m2t", "t2t", "remask", "progress", "net", "verify", "limit", "finite")
@@ -170,9 +204,14 @@ class StepChecks:
         self.policy, self.limit = policy, limit
         self._steps: dict[int, StepContext] = {}  # board step -> its context, since the last read
         # a policy without a verifying hook never has ctx.verified: its verify flag can never be set,
-        # so it is left out of the step's flags (decided here, once, not per step)
+        # so it is left out of the step's flags (decided here, once, not per step), as are the checks
+        # its rules keep by their declared guarantees
         self.verify = "verified" in policy.hook_outputs
-        self.flags = CHECKS if self.verify else tuple(f for f in CHECKS if f.name != "verify")
+        self.proven = provably_kept(policy)
+        # the policy's remask rule never selects and no hook replaces its selection (the write may skip remasks)
+        self.no_remask = "net" in self.proven
+        self.flags = tuple(f for f in CHECKS if f.name not in self.proven and (self.verify or f.name != "verify"))
+        self.names = frozenset(f.name for f in self.flags)
 
     def add(self, ctx: StepContext, state: Any) -> None:
         """Set the checks of the step just written (no host sync).
@@ -181,23 +220,26 @@ class StepChecks:
         ``sel > region`` is ``sel & ~region`` on bools; "net < 1 where something was remasked" is
         ``remasks >= max(commits, 1)``; a non-finite confidence at a real slot is ``valid > isfinite``."""
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
-        has_masks = ctx.fillable.any(1)
-        n_commit, n_remask = ctx.commit.sum(1), ctx.remask.sum(1)
+        names = self.names
         every = ctx.rows is state.all_rows
         over = (state.block_step if every else state.block_step[ctx.rows]) > self.limit
-        verify = []
+        cols = []  # one column per flag of self.flags, in CHECKS' order
+        if "m2t" in names:
+            cols.append((ctx.commit > ctx.fillable).any(1))
+        if "t2t" in names:
+            cols.append((ctx.edit > ctx.editable).any(1))
+        if "remask" in names:
+            cols.append((ctx.remask > remaskable(ctx)).any(1))
+        if "progress" in names or "net" in names:
+            has_masks, n_commit = ctx.fillable.any(1), ctx.commit.sum(1)
+            if "progress" in names:
+                cols.append(has_masks & (n_commit == 0))
+            if "net" in names:
+                cols.append(has_masks & (ctx.remask.sum(1) >= n_commit.clamp(min=1)))
         if self.verify:  # a verification forward past the bound
-            verify = [(ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)) & over]
-        hits = torch.stack([  # one column per flag of self.flags, in CHECKS' order
-            (ctx.commit > ctx.fillable).any(1),
-            (ctx.edit > ctx.editable).any(1),
-            (ctx.remask > remaskable(ctx)).any(1),
-            has_masks & (n_commit == 0),
-            has_masks & (n_remask >= n_commit.clamp(min=1)),
-            *verify,
-            ctx.live & over,
-            (ctx.valid > torch.isfinite(ctx.confidence)).any(1),
-        ], 1)
+            cols.append((ctx.verified if ctx.verified is not None else torch.zeros_like(ctx.live)) & over)
+        cols += [ctx.live & over, (ctx.valid > torch.isfinite(ctx.confidence)).any(1)]
+        hits = torch.stack(cols, 1)
         flags = board(state)
         if ctx.rows.shape[0] != flags.rows:  # a context of some rows: their checks in their batch rows
             hits = hits.new_zeros(flags.rows, len(self.flags)).index_copy_(0, ctx.rows, hits)

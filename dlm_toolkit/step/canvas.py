@@ -75,12 +75,14 @@ def write_window(state: DecodeState, ctx: StepContext, tokens: torch.Tensor, wri
     state.written_conf[at] = written_conf.gather(1, same)
 
 
-def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = None) -> None:
+def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = None, no_remask: bool = False) -> None:
     """Write commits, edits and remasks of one step at once, and count them (live rows only).
 
     The whole window is written back (unselected positions with their old values), so no host
     sync is needed to find the selected ones (module docstring). ``facts``: this step's host facts
-    (their window ends prove when no slot clamps).
+    (their window ends prove when no slot clamps). ``no_remask``: the caller knows ``ctx.remask``
+    selects nothing (the policy's remask rule guarantees it and no hook replaces it:
+    :attr:`~dlm_toolkit.decoding.policy.StepChecks.no_remask`), so no remask is applied.
     """
     assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
     rows, live = ctx.rows, ctx.live
@@ -91,9 +93,13 @@ def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = N
     inside = every and ends is not None and ends[0] >= ctx.positions.shape[1] and ends[1] <= state.canvas.shape[1]
     wrote = ctx.commit | ctx.edit
     step = state.counts.narrow(1, 0, 1) if every else state.nfe[rows, None]
-    write_window(state, ctx, written_window(ctx, wrote),
-                 torch.where(wrote, step, ctx.written_step).masked_fill_(ctx.remask, -1),
-                 torch.where(wrote, ctx.confidence, ctx.written_conf).masked_fill_(ctx.remask, 0.0), inside)
+    tokens = torch.where(wrote, ctx.sampled, ctx.tokens) if no_remask else written_window(ctx, wrote)
+    written_step = torch.where(wrote, step, ctx.written_step)
+    written_conf = torch.where(wrote, ctx.confidence, ctx.written_conf)
+    if not no_remask:
+        written_step.masked_fill_(ctx.remask, -1)
+        written_conf.masked_fill_(ctx.remask, 0.0)
+    write_window(state, ctx, tokens, written_step, written_conf, inside)
     n_commit, n_edit, n_remask = ctx.commit.sum(1), ctx.edit.sum(1), ctx.remask.sum(1)
     # one row per context row, the first eight COUNTERS (forward_tokens: counted by the forwards;
     # inserts, deletes: by write_shift); bools promote to long in the stack. A row that is not live
@@ -102,7 +108,7 @@ def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = N
     # holds live rows only: only the block start needs the live mask.
     step_counts = torch.stack([live, n_commit, n_edit, n_remask, n_commit >= 2, ctx.post, ctx.post & (n_edit > 0),
                                live & (ctx.block_step == 0)], 1)
-    net = n_commit - n_remask  # commits and remasks stay in the block
+    net = n_commit if no_remask else n_commit - n_remask  # commits and remasks stay in the block
     if every:
         state.counts.narrow(1, 0, len(STEP_COUNTERS)).add_(step_counts)
         state.block_masked -= net

@@ -57,7 +57,9 @@ class StepContext:
     Tensors cover every row of the decode batch (``live`` says which forward now) and a window of
     ``W`` positions, ``W`` fixed by the block schedule (:meth:`~dlm_toolkit.strategy.base.BlockSchedule.window_width`), all on
     the model's device. Windows with fewer real positions are left-padded (``valid`` False), so
-    every step of a decode has the same shapes.
+    every step of a decode has the same shapes. Read-only: the decode loop shares ``positions``,
+    ``valid``, ``is_prompt`` and ``in_block`` between the steps of a block, so a rule or hook that
+    needs another mask builds a new tensor rather than writing into these.
 
     ======================  =========  =======  =================================================
     field                   shape      dtype    meaning
@@ -200,8 +202,8 @@ class StepContext:
         valid: torch.Tensor,
         tokens: torch.Tensor,
         prompt_len: torch.Tensor,
-        block_lo: torch.Tensor,
-        block_hi: torch.Tensor,
+        block_lo: torch.Tensor | None,
+        block_hi: torch.Tensor | None,
         logits: torch.Tensor,
         sampling: SamplingConfig,
         written_step: torch.Tensor,
@@ -217,26 +219,29 @@ class StepContext:
         batch_rows: int,
         live: torch.Tensor | None = None,
         outputs: Mapping[str, Declared] | None = None,
+        layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> StepContext:
         """The context of one forward from the canvas window and the logits: derives the masks,
         draws ``sampled``/``confidence`` (:func:`dlm_toolkit.step.sampling.sample`, keyed by each row's
-        seed) and leaves ``editable`` at "written, non-prompt"; the caller narrows it to the
-        schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
+        seed) and leaves ``editable`` at "written, non-prompt" (with ``layout``: its ``writable``
+        slots not masked); the caller narrows it to the schedule's edit window. ``prompt_len``, ``block_lo``, ``block_hi``, ``seeds``, ``live``:
         (B,) per row (``live`` defaults to every row; ``valid`` must already exclude the rest).
         ``outputs``: the hook outputs the policy declares (:func:`dlm_toolkit.hooks.base.declared_outputs`; none
-        by default). Reads nothing back to the host."""
+        by default). ``layout``: :meth:`window_masks` of these positions when the caller has them
+        (``block_lo``/``block_hi`` are then unused). Reads nothing back to the host."""
         from dlm_toolkit.step.sampling import sample
 
         live = torch.ones_like(rows, dtype=torch.bool) if live is None else live
         masked = (tokens == mask_token_id) & valid
-        is_prompt = positions < prompt_len[:, None]
-        in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
+        if layout is None:
+            assert block_lo is not None and block_hi is not None
+            layout = cls.window_masks(positions, valid, prompt_len, block_lo, block_hi)
+        is_prompt, in_block, writable = layout
         fillable = masked & in_block
         ctx = cls(
             rows=rows, positions=positions, tokens=tokens, valid=valid, masked=masked, is_prompt=is_prompt,
-            # valid ^ masked == valid & ~masked (masked lies inside valid): one op fewer per step
-            # a > b is a & ~b on bools: one op fewer each
-            in_block=in_block, editable=(valid ^ masked) > is_prompt, sampled=tokens, confidence=written_conf,
+            # writable & ~masked, as a > b on bools: one op fewer
+            in_block=in_block, editable=writable > masked, sampled=tokens, confidence=written_conf,
             logits=logits, written_step=written_step, written_conf=written_conf, step=step, block=block,
             block_step=block_step, block_masked_start=block_masked_start,
             post=live > fillable.any(1), live=live, seeds=seeds,
@@ -249,6 +254,17 @@ class StepContext:
         ctx.__dict__["probs"] = probs
         ctx.__dict__["fillable"] = fillable
         return ctx
+
+    @staticmethod
+    def window_masks(positions: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor, block_lo: torch.Tensor,
+                     block_hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(is_prompt, in_block, writable)``, each (B, W) bool, of a window: prompt positions, positions
+        in ``[block_lo, block_hi)`` and the valid non-prompt ones (``editable`` before the mask test).
+        They depend on the positions and the window's bounds only, so the decode loop keeps them
+        while those stay the same; it may narrow ``writable`` to an edit region that is one of them."""
+        is_prompt = positions < prompt_len[:, None]
+        in_block = (positions >= block_lo[:, None]) & (positions < block_hi[:, None])
+        return is_prompt, in_block, valid > is_prompt  # a > b: a & ~b on bools
 
     def rand(self, *trailing: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``(B, W, *trailing)`` uniform numbers in [0, 1) (padding and rows not forwarded get 1.0).

@@ -44,12 +44,15 @@ class StepFacts:
     layout_key: tuple | None = None
     # (layout reuse) some live row's cache boundary is past its cached length (the forward moves the cache)
     cache_moves: bool = True
+    # (layout reuse, fixed block layout) what the step context's positions and masks depend on: the
+    # live rows and every row's window end, window start and active block (``None`` where not read)
+    context_key: tuple | None = None
 
     def later(self) -> StepFacts:
         """The facts of the next step when it does not read the host: the bound on ``post`` and the
         width carry over; everything of this step alone is forgotten."""
         return replace(self, read=False, since=self.since + 1, post_any=None, window_ends=None, needed=0, live=None,
-                       layout_key=None, cache_moves=True)
+                       layout_key=None, cache_moves=True, context_key=None)
 
 
 UNKNOWN = StepFacts(post_max=None)  # nothing known: every stage takes its general path
@@ -57,9 +60,10 @@ UNKNOWN = StepFacts(post_max=None)  # nothing known: every stage takes its gener
 
 @dataclass
 class SavedLayout:
-    """(layout reuse) The step forward's layout of the last step that built one, and its key
-    (:attr:`StepFacts.layout_key`): the window's positions, real slots, groups, cache writes and start;
-    the forward's mask with the cache columns, writes and tokens per row (set by its run)."""
+    """(layout reuse) A layout of the last step that built one, and its key: the step forward's
+    (:attr:`StepFacts.layout_key`: the window's positions, real slots, groups, cache writes and start;
+    the forward's mask with the cache columns, writes and tokens per row, set by its run) or the step
+    context's (:attr:`StepFacts.context_key`: positions, canvas index and masks, ``window`` only)."""
 
     key: tuple | None = None
     window: tuple[torch.Tensor, ...] = ()

@@ -229,6 +229,15 @@ class FlagBoard:
             del self.slabs[key]
         self.fresh.clear()
 
+    def raise_host(self, flag: DeviceFlag, row: int, state: Any, source: Any = None) -> None:
+        """Raise ``flag`` as hit now in batch row ``row``, found on the host from values a read brought
+        there (the engine's own checks, when it reads every row): the error :meth:`raise_first` would
+        raise for the flag set at this step, after everything pending was raised."""
+        self._registered(flag)
+        hit = FlagHit(flag=flag, owner=self.owner(flag), row=row, step=self.step, payload=(), state=state,
+                      source=source)
+        raise flag.error(flag.message(hit))
+
     def pending(self) -> list[torch.Tensor]:
         """Every slab, flattened (the engine concatenates them into its one read; :meth:`raise_first`
         decodes them in this order)."""

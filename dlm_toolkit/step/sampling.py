@@ -34,7 +34,8 @@ def sample(
     float64 when ``gumbel_float64``, as LLaDA does). ``probs`` is the float32 softmax of the
     untempered logits; ``confidence`` is ``probs`` at the written token.
     """
-    probs = torch.softmax(logits.float(), dim=-1)  # (B, W, V), mask token included
+    # (B, W, V), mask token included; float32 logits as they are (float() of them is one more op, same values)
+    probs = torch.softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
     never_mask = 0 <= mask_token_id < probs.shape[-1]
     if config.temperature == 0.0:
         if never_mask:  # greedy: the argmax outside the mask column is what _never_the_mask would give
