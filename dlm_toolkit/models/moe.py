@@ -1,6 +1,7 @@
 """The LLaDA2 mixture of experts: sigmoid router with group-limited top-k, the routed experts stacked
 per layer and run by two grouped GEMMs, gate and up together then down (or the per-expert reference
-path), and the always-on shared expert.
+path), and the always-on shared expert. On a CPU, eager, for large windows the grouped GEMMs run as
+one ``mm`` per active expert over chunks of pairs, with the same bits (:meth:`Experts._host_grouped`).
 
 Shapes: N tokens, H hidden, E experts, K experts per token, I expert width.
 """
@@ -124,10 +125,9 @@ def _experts_mm(a: torch.Tensor, b: torch.Tensor, experts: list[tuple[int, int]]
     of the output, the call ``grouped_mm``'s CPU fallback makes (a GEMM's bits for a row depend on
     the row count, so each expert keeps its own call)."""
     out = a.new_empty(a.shape[0], b.shape[-1])
-    start = 0
-    for e, n in experts:
-        torch.mm(a[start:start + n], b[e], out=out[start:start + n])
-        start += n
+    ids, rows = zip(*experts)
+    for a_e, out_e, e in zip(a.split(rows), out.split(rows), ids):
+        torch.mm(a_e, b[e], out=out_e)
     return out
 
 
@@ -350,8 +350,10 @@ class MoE(nn.Module):
 
     ``impl``: ``"grouped"`` (default; two grouped GEMMs, gate+up and down, where the kernel exists,
     see :func:`grouped_mm_supported`, else the reference, or inside a capture the dense path
-    :meth:`Experts._dense`, which reads nothing back to the host) or ``"reference"`` (one matmul chain
-    per active expert, after a host sync). Under expert parallelism the router runs on every
+    :meth:`Experts._dense`, which reads nothing back to the host; on a CPU, eager and without
+    gradients, windows of at least :data:`HOST_MIN_ELEMENTS` pairs x hidden run the same GEMMs per
+    active expert after reading the counts, which is free there: :meth:`Experts._host_grouped`) or
+    ``"reference"`` (one matmul chain per active expert, after a host sync). Under expert parallelism the router runs on every
     rank (same input, same choice) and each rank adds the terms of its own experts.
     """
 
