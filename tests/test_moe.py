@@ -266,7 +266,7 @@ def test_compiled_forward_without_grouped_kernel_takes_the_dense_path(monkeypatc
 # -- the host path (a CPU, eager, no grad, large windows) --------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens", [1, 32, 544, 2048])
 @torch.no_grad()
 def test_host_path_equals_the_grouped_mm_path_bit_for_bit(dtype, tokens):
