@@ -85,10 +85,12 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
 
 
 HOST_CHUNK_ROWS = 256  # pairs per chunk of the host path: (256, H) buffers stay in a core's L2
-# (pairs * hidden) from which the host path runs: below, both paths are as fast (one ``mm`` per
-# expert either way, the grouped fallback's empty calls cost ~2 us each); above, the grouped
-# path's (N*K, H) buffers no longer stay in the allocator's reuse and cache (fp32, one thread,
-# 256 experts top-8, hidden 512: 16384 pairs 1.47x faster, 8192 1.2x, 4096 and fewer the same)
+# The host path runs from pairs * hidden >= HOST_MIN_ELEMENTS. Below, it is no faster: one ``mm``
+# per active expert either way, and the ~2 us per empty expert that grouped_mm's CPU fallback
+# spends is about what the host path's own loop costs. Above, the grouped path's (N*K, H)
+# buffers outgrow the cache and the allocator's reuse (fp32, one thread, 256 experts top-8,
+# hidden 512: 16384 pairs 1.47x faster, 8192 1.2x, 4096 and fewer the same; mini's layer in
+# bf16, hidden 2048: 8192 pairs 1.16x, 2048 1.03x).
 HOST_MIN_ELEMENTS = 1 << 22
 
 
