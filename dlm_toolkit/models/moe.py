@@ -209,7 +209,7 @@ class Experts(nn.Module):
         return y
 
     def _sorted_pairs(self, idx: torch.Tensor, sharded: bool):
-        """The (token, expert) pairs sorted by local expert: each pair's local expert (N*K,) (other
+        """The (token, expert) pairs sorted by local expert: the sorted local experts (N*K,) (other
         ranks' experts as ``count``, so they sort last), the sorted pair ids (N*K,) and, when
         ``sharded``, which chosen experts (N, K) are held here (else None)."""
         slot = idx - self.first if self.first else idx  # (N, K) local expert index
@@ -217,8 +217,7 @@ class Experts(nn.Module):
         if sharded:
             mine = (slot >= 0) & (slot < self.count)
             slot = torch.where(mine, slot, self.count)
-        flat = slot.flatten()
-        return flat, flat.argsort(stable=True), mine
+        return *slot.flatten().sort(stable=True), mine
 
     def _padded(self, align: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up (E, 2I', H'), down (E, H', I')): the stacks zero-padded to ``align``, each half
@@ -233,9 +232,9 @@ class Experts(nn.Module):
         pairs sorted by expert. No loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
         N, K = idx.shape
         H = x.shape[1]
-        flat, order, mine = self._sorted_pairs(idx, sharded)
+        slots, order, mine = self._sorted_pairs(idx, sharded)
         ends = torch.arange(1, self.count + 1, device=x.device)
-        offs = torch.searchsorted(flat[order], ends, out_int32=True)  # end of each expert's rows
+        offs = torch.searchsorted(slots, ends, out_int32=True)  # end of each expert's rows
         token = order // K
         align = 16 // x.element_size()
         xs = _aligned(x.index_select(0, token), align)  # (N*K, H') expert-contiguous inputs
@@ -267,8 +266,8 @@ class Experts(nn.Module):
         adding +0.0 to a sum that started at +0.0 changes no bit)."""
         N, K = idx.shape
         H = x.shape[1]
-        flat, order, _ = self._sorted_pairs(idx, sharded)
-        counts = torch.bincount(flat, minlength=self.count + 1)[:self.count].tolist()
+        slots, order, _ = self._sorted_pairs(idx, sharded)
+        counts = torch.bincount(slots, minlength=self.count + 1)[:self.count].tolist()
         token = order // K
         pair_weight = weight.flatten().index_select(0, order)[:, None]
         pair_weight = pair_weight if x.dtype == torch.float32 else pair_weight.to(x.dtype)
