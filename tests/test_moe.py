@@ -2,6 +2,7 @@
 reference path and against an independent per-token computation; per-expert checkpoint keys."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from test_device import HostSyncs
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlm_toolkit.models import LLaDA2MoeModelLM, load_model, save_model
+from dlm_toolkit.models import moe as moe_module
 from dlm_toolkit.models.llada2 import Experts, combine_pairs, grouped_mm_supported
 from dlm_toolkit.testing import tiny_llada2, tiny_llada2_config
 
@@ -258,3 +261,119 @@ def test_compiled_forward_without_grouped_kernel_takes_the_dense_path(monkeypatc
             got = runner(ids, pos, mask)
     assert runner.compilations == 1 and not runner.failed
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- the host path (a CPU, eager, no grad, large windows) --------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 32, 544, 2048])
+@torch.no_grad()
+def test_host_path_equals_the_grouped_mm_path_bit_for_bit(dtype, tokens):
+    """Whatever the chunking (every expert its own chunk, a few, one), the same bits as the
+    grouped_mm path: each active expert's own GEMM, silu over one gate buffer, the sum's order."""
+    gen = torch.Generator().manual_seed(tokens)
+    for shape in (SHAPES[1], SHAPES[2]):  # aligned, and padded to the grouped GEMM's alignment
+        _, moe = random_moe(shape, seed=tokens, dtype=dtype)
+        x = torch.randn(tokens, shape[0], generator=gen).to(dtype)
+        _, idx, weight = moe.gate(x)
+        want = moe.experts._grouped(x, idx, weight, sharded=False)
+        for rows in (1, 16, moe_module.HOST_CHUNK_ROWS):
+            got = moe.experts._host_grouped(x, idx, weight, sharded=False, chunk_rows=rows)
+            assert got.dtype == dtype and torch.equal(got, want), (shape, rows)
+
+
+@pytest.mark.parametrize("first,count", [(0, 4), (4, 4), (3, 5)])
+@torch.no_grad()
+def test_host_path_under_expert_parallelism_equals_the_grouped_mm_path(first, count):
+    """A rank's experts only; the other ranks' pairs are left out, not computed and zeroed."""
+    _, moe = random_moe(SHAPES[2], seed=7)
+    part = Experts(count, 33, 13, torch.float32, first=first)
+    part.gate_up_proj.copy_(moe.experts.gate_up_proj[first:first + count])
+    part.down_proj.copy_(moe.experts.down_proj[first:first + count])
+    x = torch.randn(300, 33, generator=torch.Generator().manual_seed(first))
+    _, idx, weight = moe.gate(x)
+    want = part._grouped(x, idx, weight, sharded=True)
+    assert want.abs().max() > 0 and ((idx < first) | (idx >= first + count)).any()  # others' pairs too
+    for rows in (1, 64):
+        assert torch.equal(part._host_grouped(x, idx, weight, sharded=True, chunk_rows=rows), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,tokens", [(1, 1), (3, 32), (2, 544)])
+def test_whole_model_logits_are_the_same_bits_on_the_host_path(monkeypatch, dtype, batch, tokens):
+    model, _ = random_moe((32, 16, 16, 4, 4, 2), seed=5, dtype=dtype)
+    ids = torch.randint(0, 64, (batch, tokens), generator=torch.Generator().manual_seed(tokens))
+    pos = torch.arange(tokens).expand(batch, tokens)
+    mask = torch.ones(batch, tokens, tokens, dtype=torch.bool)
+    logits = {}
+    for threshold in (0, 2**62):  # every window on the host path, none
+        monkeypatch.setattr(moe_module, "HOST_MIN_ELEMENTS", threshold)
+        with torch.inference_mode():
+            logits[threshold] = model.forward_window(ids, pos, mask)
+    assert torch.equal(logits[0], logits[2**62])
+
+
+def test_host_path_runs_one_mm_per_active_expert_from_the_threshold_eager_without_grad(monkeypatch):
+    """From HOST_MIN_ELEMENTS (pairs * hidden) on: one mm for gate and up and one for down per
+    expert that received pairs, no grouped_mm; one element below, or with gradients: the
+    grouped_mm path, which reads nothing on the host."""
+    _, moe = random_moe((32, 16, 16, 4, 4, 2), seed=3)
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(4))  # 20 pairs: some experts idle
+    _, idx, weight = moe.gate(x)
+    active = idx.unique().numel()
+    assert active < 16
+    grouped, real = [], F.grouped_mm
+    monkeypatch.setattr(F, "grouped_mm", lambda *a, **kw: grouped.append(1) or real(*a, **kw))
+
+    def run(threshold: int, grad: bool = False):
+        monkeypatch.setattr(moe_module, "HOST_MIN_ELEMENTS", threshold)
+        grouped.clear()
+        with torch.set_grad_enabled(grad), HostSyncs() as syncs, _Ops() as ops:
+            moe.experts(x, idx, weight, "grouped")
+        return len(grouped), ops.counts[torch.ops.aten.mm.out], syncs.count > 0
+
+    assert run(20 * 32) == (0, 2 * active, True)  # the counts read on the host
+    assert run(20 * 32 + 1) == (2, 0, False)
+    assert run(0, grad=True) == (2, 0, False)  # the parameters require grad: mm(out=) has no backward
+
+
+def test_compiled_forward_takes_the_grouped_mm_path_with_the_host_paths_bits(monkeypatch):
+    """A compiled graph cannot hold the host path's read: with every eager window on the host
+    path, the forward still compiles full-graph (no warning) and gives the eager bits."""
+    import warnings
+
+    from dlm_toolkit.step.capture import StepRunner
+
+    monkeypatch.setattr(moe_module, "HOST_MIN_ELEMENTS", 0)
+    model = tiny_llada2(0)
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(12).expand(2, 12)
+    mask = torch.ones(2, 12, 12, dtype=torch.bool)
+    with torch.inference_mode():
+        want = model.forward_window(ids, pos, mask)
+        runner = StepRunner(lambda i, p, m: model.forward_window(i, p, m), "host-moe", "compile", backend="aot_eager")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = runner(ids, pos, mask)
+    assert runner.compilations == 1 and not runner.failed and torch.equal(got, want)
+
+
+def test_chunks_close_at_the_row_count_and_leave_idle_experts_out():
+    chunks = moe_module._chunks([3, 0, 2, 4, 0, 1, 5], rows=5)
+    assert chunks == [(0, 5, [(0, 3), (2, 2)]), (5, 10, [(3, 4), (5, 1)]), (10, 15, [(6, 5)])]
+    near = moe_module._chunks([3, 0, 2, 4, 0, 1, 5], rows=6)  # 3 + 2 = 5 < 6: the first chunk grows
+    assert near == [(0, 9, [(0, 3), (2, 2), (3, 4)]), (9, 15, [(5, 1), (6, 5)])]
+    assert moe_module._chunks([0, 0], rows=1) == [] and moe_module._chunks([2], rows=8) == [(0, 2, [(0, 2)])]
+
+
+class _Ops(TorchDispatchMode):
+    """Aten calls by overload while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func] += 1
+        return func(*args, **(kwargs or {}))

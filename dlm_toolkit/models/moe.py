@@ -1,6 +1,7 @@
 """The LLaDA2 mixture of experts: sigmoid router with group-limited top-k, the routed experts stacked
 per layer and run by two grouped GEMMs, gate and up together then down (or the per-expert reference
-path), and the always-on shared expert.
+path), and the always-on shared expert. On a CPU, eager, for large windows the grouped GEMMs run as
+one ``mm`` per active expert over chunks of pairs, with the same bits (:meth:`Experts._host_grouped`).
 
 Shapes: N tokens, H hidden, E experts, K experts per token, I expert width.
 """
@@ -83,6 +84,55 @@ def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.T
     return F.grouped_mm(a, b, offs=offs)
 
 
+HOST_CHUNK_ROWS = 256  # pairs per chunk of the host path: (256, H) buffers stay in a core's L2
+# The host path runs from pairs * hidden >= HOST_MIN_ELEMENTS. Below, it is no faster: one ``mm``
+# per active expert either way, and the ~2 us per empty expert that grouped_mm's CPU fallback
+# spends is about what the host path's own loop costs. Above, the grouped path's (N*K, H)
+# buffers outgrow the cache and the allocator's reuse (fp32, one thread, 256 experts top-8,
+# hidden 512: 16384 pairs 1.47x faster, 8192 1.2x, 4096 and fewer the same; mini's layer in
+# bf16, hidden 2048: 8192 pairs 1.16x, 2048 1.03x).
+HOST_MIN_ELEMENTS = 1 << 22
+
+
+def _host_pays(x: torch.Tensor, idx: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether :meth:`Experts._host_grouped` runs: the experts' row counts may be read on the
+    host and the expert GEMMs run outside ``grouped_mm`` (eager on a CPU: a GPU would wait for the
+    device, a compiled graph or a CUDA graph cannot hold a host read; and nothing to differentiate:
+    ``torch.mm(out=)`` and the in-place steps have no backward), and the window is large enough
+    to gain from it (:data:`HOST_MIN_ELEMENTS`)."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling() or idx.numel() * x.shape[-1] < HOST_MIN_ELEMENTS:
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *tensors)))
+
+
+def _chunks(counts: list[int], rows: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Consecutive experts grouped into chunks of at least ``rows`` pairs (the last may hold
+    fewer): (first row, end row, [(expert, its rows)]) per chunk, empty experts left out."""
+    chunks, experts, start, end = [], [], 0, 0
+    for e, n in enumerate(counts):
+        if n:
+            experts.append((e, n))
+            end += n
+            if end - start >= rows:
+                chunks.append((start, end, experts))
+                experts, start = [], end
+    if experts:
+        chunks.append((start, end, experts))
+    return chunks
+
+
+def _experts_mm(a: torch.Tensor, b: torch.Tensor, experts: list[tuple[int, int]]) -> torch.Tensor:
+    """Rows of ``a`` (M, K), grouped by expert in the order of ``experts`` ((expert, rows) pairs),
+    each group times its expert's matrix in ``b`` (E, K, N): one ``mm`` per expert into its slice
+    of the output, the call ``grouped_mm``'s CPU fallback makes (a GEMM's bits for a row depend on
+    the row count, so each expert keeps its own call)."""
+    out = a.new_empty(a.shape[0], b.shape[-1])
+    ids, rows = zip(*experts)
+    for a_e, out_e, e in zip(a.split(rows), out.split(rows), ids):
+        torch.mm(a_e, b[e], out=out_e)
+    return out
+
+
 def _capturing(x: torch.Tensor) -> bool:
     """Whether ``x``'s forward is being traced by ``torch.compile`` or captured in a CUDA graph."""
     return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
@@ -138,6 +188,8 @@ class Experts(nn.Module):
         experts live on other ranks (their terms are left out here and come with the all-reduce).
         """
         if impl == "grouped" and grouped_mm_supported(x.device, self.gate_proj.dtype):
+            if _host_pays(x, idx, weight, self.gate_up_proj, self.down_proj):
+                return self._host_grouped(x, idx, weight, sharded)
             return self._grouped(x, idx, weight, sharded)
         if impl == "grouped" and _capturing(x):  # no grouped kernel here (float32 on CUDA)
             return self._dense(x, idx, weight)
@@ -156,32 +208,43 @@ class Experts(nn.Module):
             y = y + F.linear(h, self.down_proj[e]) * w[:, None].to(x.dtype)
         return y
 
+    def _sorted_pairs(self, idx: torch.Tensor, sharded: bool):
+        """The (token, expert) pairs sorted by local expert: the sorted local experts (N*K,) (other
+        ranks' experts as ``count``, so they sort last), the sorted pair ids (N*K,) and, when
+        ``sharded``, which chosen experts (N, K) are held here (else None)."""
+        slot = idx - self.first if self.first else idx  # (N, K) local expert index
+        mine = None
+        if sharded:
+            mine = (slot >= 0) & (slot < self.count)
+            slot = torch.where(mine, slot, self.count)
+        return *slot.flatten().sort(stable=True), mine
+
+    def _padded(self, align: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up (E, 2I', H'), down (E, H', I')): the stacks zero-padded to ``align``, each half
+        of gate_up on its own, so the gate columns come out as the separate gate GEMM's."""
+        gate_up, H = self.gate_up_proj, self.gate_up_proj.shape[-1]
+        if self.inner % align or H % align:
+            gate_up = _aligned(gate_up.view(self.count, 2, self.inner, H), align, 2).flatten(1, 2)
+        return gate_up, _aligned(self.down_proj, align, 2)
+
     def _grouped(self, x, idx, weight, sharded: bool) -> torch.Tensor:
         """One grouped GEMM for gate and up (stacked per expert), one for down, over the (token, expert)
         pairs sorted by expert. No loop over experts and no host sync: group boundaries stay on the device as int32 offsets."""
         N, K = idx.shape
         H = x.shape[1]
-        slot = idx - self.first if self.first else idx  # (N, K) local expert index
-        if sharded:  # pairs of other ranks' experts sort last, past the final offset (never computed)
-            mine = (slot >= 0) & (slot < self.count)
-            slot = torch.where(mine, slot, self.count)
-        flat = slot.flatten()
-        order = flat.argsort(stable=True)  # (N*K,) pairs grouped by expert
+        slots, order, mine = self._sorted_pairs(idx, sharded)
         ends = torch.arange(1, self.count + 1, device=x.device)
-        offs = torch.searchsorted(flat[order], ends, out_int32=True)  # end of each expert's rows
+        offs = torch.searchsorted(slots, ends, out_int32=True)  # end of each expert's rows
         token = order // K
         align = 16 // x.element_size()
         xs = _aligned(x.index_select(0, token), align)  # (N*K, H') expert-contiguous inputs
-        gate_up = self.gate_up_proj
-        if self.inner % align or H % align:  # pad each half, so the gate columns come out as the separate GEMM's
-            gate_up = _aligned(gate_up.view(self.count, 2, self.inner, H), align, 2).flatten(1, 2)
+        gate_up, down = self._padded(align)
         inner = gate_up.shape[1] // 2  # I' (padded)
         gate_up = _grouped_mm(xs, gate_up.transpose(-2, -1), offs)  # (N*K, 2I')
         # silu on a contiguous (N*K, I') copy of the gate columns, the shape the separate gate GEMM
         # gave: silu rounds a value differently in its vector loop and its tail or strided loop
         h = F.silu(gate_up[:, :inner].contiguous()) * gate_up[:, inner:]  # (N*K, I')
-        down = _aligned(self.down_proj, align, 2).transpose(-2, -1)
-        out = _grouped_mm(h, down, offs)
+        out = _grouped_mm(h, down.transpose(-2, -1), offs)
         if out.shape[1] != H:
             out = out[:, :H]
         pair_weight = weight.flatten().index_select(0, order)[:, None]
@@ -189,6 +252,45 @@ class Experts(nn.Module):
         if sharded:  # rows past the last offset are uninitialised memory: select, never multiply
             out = torch.where(mine.flatten()[order, None], out, 0.0)
         return combine_pairs(out, order, K, fixed_order=x.device.type != "cpu", token=token)
+
+    def _host_grouped(self, x, idx, weight, sharded: bool, chunk_rows: int = HOST_CHUNK_ROWS) -> torch.Tensor:
+        """:meth:`_grouped`'s result, bit for bit, where the rows per expert are read on the host
+        (see :func:`_host_pays`): one ``mm`` per expert that received pairs, the calls
+        ``grouped_mm``'s CPU fallback makes for it (that fallback also makes one per empty expert).
+
+        The GEMMs and the weighting run over chunks of about ``chunk_rows`` pairs (whole experts),
+        so their inputs and outputs stay in cache instead of filling (N*K, H) buffers; silu runs once
+        over the whole (N*K, I') gate buffer, as in :meth:`_grouped`: it rounds a value differently
+        in its vector loop and its tail, so its bits depend on the buffer's length. Other ranks'
+        pairs sort last and are never computed (the grouped path computes them and selects zero:
+        adding +0.0 to a sum that started at +0.0 changes no bit)."""
+        N, K = idx.shape
+        H = x.shape[1]
+        slots, order, _ = self._sorted_pairs(idx, sharded)
+        counts = torch.bincount(slots, minlength=self.count + 1)[:self.count].tolist()
+        token = order // K
+        pair_weight = weight.flatten().index_select(0, order)[:, None]
+        pair_weight = pair_weight if x.dtype == torch.float32 else pair_weight.to(x.dtype)
+        align = 16 // x.element_size()
+        gate_up, down = (w.transpose(-2, -1) for w in self._padded(align))  # (E, H', 2I'), (E, I', H')
+        inner = gate_up.shape[-1] // 2
+        chunks = _chunks(counts, chunk_rows)
+        rows = sum(counts)
+        gate, ups = x.new_empty(N * K, inner), []  # other ranks' pairs too: silu's tail falls where it did
+        gate[rows:].zero_()
+        for start, end, experts in chunks:
+            both = _experts_mm(_aligned(x.index_select(0, token[start:end]), align), gate_up, experts)
+            gate[start:end] = both[:, :inner]
+            ups.append(both[:, inner:])
+        F.silu(gate, inplace=True)  # in place: the same kernel, so the same bits
+        # index_add_ on a CPU adds in index order, so chunk after chunk adds in the whole sum's
+        # order; in bf16/fp16 it adds in float32 and rounds once at the end: so does y here
+        y = x.new_zeros(N, H, dtype=torch.float32)
+        for (start, end, experts), up in zip(chunks, ups):
+            out = _experts_mm(gate[start:end].mul_(up), down, experts)
+            out = (out[:, :H] if out.shape[1] != H else out).mul_(pair_weight[start:end])
+            y.index_add_(0, token[start:end], out if out.dtype == torch.float32 else out.float())
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def _reference(self, x, idx, weight) -> torch.Tensor:
         """The per-expert path the grouped one is tested against: sort pairs by expert, then one
@@ -249,8 +351,10 @@ class MoE(nn.Module):
 
     ``impl``: ``"grouped"`` (default; two grouped GEMMs, gate+up and down, where the kernel exists,
     see :func:`grouped_mm_supported`, else the reference, or inside a capture the dense path
-    :meth:`Experts._dense`, which reads nothing back to the host) or ``"reference"`` (one matmul chain
-    per active expert, after a host sync). Under expert parallelism the router runs on every
+    :meth:`Experts._dense`, which reads nothing back to the host; on a CPU, eager and without
+    gradients, windows of at least :data:`HOST_MIN_ELEMENTS` pairs x hidden run the same GEMMs per
+    active expert after reading the counts, which is free there: :meth:`Experts._host_grouped`) or
+    ``"reference"`` (one matmul chain per active expert, after a host sync). Under expert parallelism the router runs on every
     rank (same input, same choice) and each rank adds the terms of its own experts.
     """
 
