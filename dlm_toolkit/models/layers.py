@@ -44,7 +44,7 @@ def rope_cos_sin(position_ids: torch.Tensor, rot_dim: int, theta: float, dtype: 
     """cos/sin tables (B, 1, T, R) for absolute positions, built per call (no buffers, so a meta-device
     init works): the form :func:`apply_partial_rope` reads; the model runs :class:`Rope`, built from
     these."""
-    inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=position_ids.device) / rot_dim)
+    inv_freq = theta ** (torch.arange(0, -rot_dim, -2, dtype=torch.float32, device=position_ids.device) / rot_dim)
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, R/2)
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, R): NeoX layout, halves repeat
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -83,12 +83,10 @@ class Rope:
         # cos/sin on the (B, T, R) tensor exactly as rope_cos_sin: a vectorised cos may round an
         # element differently from the scalar tail loop, so the table's layout stays the same.
         cos, sin = rope_cos_sin(position_ids, rot_dim, theta, dtype)
-        half, rest = rot_dim // 2, head_dim - rot_dim
-        parts = [-sin[..., :half], sin[..., half:]]
-        if rest:
-            cos = F.pad(cos, (0, rest), value=1.0)
-            parts.append(sin.new_zeros(sin.shape[:-1] + (rest,)))
-        return cls(cos, torch.cat(parts, -1), rot_dim)
+        if head_dim > rot_dim:  # the pass-through dims: cos 1, sin 0
+            cos, sin = F.pad(cos, (0, head_dim - rot_dim), value=1.0), F.pad(sin, (0, head_dim - rot_dim))
+        sin[..., :rot_dim // 2].neg_()  # rotate-half's sign, in place: sin is this call's own table
+        return cls(cos, sin, rot_dim)
 
     def swap(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> the rotate-half partner of each dim: [R/2 .. R-1, 0 .. R/2-1, R .. D-1]."""
