@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dlm_toolkit.models.llada2 import Attention, Experts, KVCache, Rope, Router, apply_partial_rope, rope_cos_sin
+from dlm_toolkit.models.llada2 import (
+    Attention, Experts, KVCache, LLaDA2MoeModelLM, MoE, Rope, Router, apply_partial_rope, rope_cos_sin,
+)
 from dlm_toolkit.testing import tiny_llada2_config
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -131,7 +133,8 @@ def test_attention_equals_the_reference(dtype, float_mask, case):
     mask[2, 0, 1] = False  # ... but this padding query, which sees nothing
     rows = None if rows is None else torch.tensor(rows)
     write_pos = torch.where(torch.rand(B, T, generator=gen(7)) > 0.5, pos, L) if write_some else None
-    cache = KVCache([torch.randn(4, 2 * attn.nkv, L + 1, attn.hd, generator=gen(8)).to(dtype)]) if rows is not None else None
+    shape = (4, 2 * attn.nkv, L + 1, attn.hd)  # cache rows, K heads then V heads, positions + the spare
+    cache = None if rows is None else KVCache([torch.randn(shape, generator=gen(8)).to(dtype)])
     apart = None if cache is None else (cache.k[0].clone(), cache.v[0].clone())
     rope = Rope.build(pos, cfg.rotary_dim, cfg.head_dim, 10000.0, dtype)
     arg = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf")) if float_mask else mask
@@ -163,6 +166,63 @@ def test_attention_under_autograd_keeps_sdpa_output_and_equals_inference():
     assert attn.dense.weight.grad is not None and torch.isfinite(attn.query_key_value.weight.grad).all()
     with torch.inference_mode():
         assert torch.equal(attn(x, rope, mask), out.detach())
+
+
+def reference_forward(model: LLaDA2MoeModelLM, ids, pos, mask, apart=None, rows=None, write_pos=None):
+    """The whole forward op by op: :func:`reference_attention` on the bool mask (B, T, S+T), with
+    separate K and V caches per layer (``apart``: two lists), the layers' own norms and MLP/MoE."""
+    h = model.model.word_embeddings(ids)
+    for i, layer in enumerate(model.model.layers):
+        cache = None if apart is None else (apart[0][i], apart[1][i])
+        h = h + reference_attention(layer.attention, model.config.rotary_dim, layer.input_layernorm(h), pos,
+                                    mask[:, None], cache, rows, write_pos)
+        x = layer.post_attention_layernorm(h)
+        h = h + (layer.mlp(x, None, i) if isinstance(layer.mlp, MoE) else layer.mlp(x))
+    return model.lm_head(model.model.norm(h)).float()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary", [0.5, 1.0])  # partial and whole-head RoPE
+@torch.no_grad()
+def test_forward_window_equals_the_op_by_op_forward(dtype, rotary):
+    """``forward_window`` (tables, mask and padding queries once per forward, K and V in one cache
+    tensor) against :func:`reference_forward`, bit for bit: uncached, then a prefill of rows of
+    different prompt lengths into cache rows in another order, a window with a partial write, a
+    read-only window; logits of every forward and both caches at the end."""
+    cfg = tiny_llada2_config(partial_rotary_factor=rotary)
+    model = LLaDA2MoeModelLM(cfg).init_weights(3)
+    if dtype != torch.float32:
+        state = model.state_dict()
+        model = LLaDA2MoeModelLM(cfg, dtype=dtype)
+        model.load_state_dict(state)
+    for name, b in model.named_buffers():  # a random expert bias, so that it changes the routing
+        b.copy_(torch.randn(b.shape, generator=gen(30)) * 0.1)
+    B, P, T, L = 3, 10, 4, 20
+    rows, plen = torch.tensor([2, 0, 3]), torch.tensor([10, 6, 8])
+    ids = torch.randint(0, 60, (B, P + 2 * T), generator=gen(31))
+    valid = torch.arange(P)[None] < plen[:, None]  # prompts of different lengths, padded at the end
+    pre_mask = (valid[:, None, :] & valid[:, :, None]) | torch.eye(P, dtype=torch.bool)
+    pos = torch.arange(P).expand(B, P)
+    uncached = model.forward_window(ids[:, :P], pos, pre_mask)
+    assert torch.equal(uncached, reference_forward(model, ids[:, :P], pos, pre_mask))
+    cache = model.new_cache(4, L)
+    apart = ([k.clone() for k in cache.k], [v.clone() for v in cache.v])
+    steps = [(ids[:, :P], pos, pre_mask, torch.where(valid, pos, L))]  # the prefill writes the prompts
+    for j, write in ((0, torch.rand(B, T, generator=gen(32)) > 0.5), (1, None)):
+        win = plen[:, None] + j * T + torch.arange(T)  # each row's window right after its own prefix
+        seen = torch.arange(P)[None, None, :] < (plen[:, None, None] + j * T)
+        mask = torch.cat([seen.expand(B, T, P), torch.ones(B, T, T, dtype=torch.bool)], -1)
+        mask[1, 2] = False  # a padding query: sees nothing
+        write_pos = None if write is None else torch.where(write, win, L)
+        steps.append((ids[:, P + j * T:P + (j + 1) * T], win, mask, write_pos))
+    for step_ids, step_pos, mask, write_pos in steps:
+        write = None if write_pos is None else write_pos < L
+        got = model.forward_window(step_ids, step_pos, mask, cache=cache, cache_rows=rows, cache_write=write)
+        want = reference_forward(model, step_ids, step_pos, mask, apart, rows, write_pos)
+        assert torch.equal(got, want)
+        assert torch.isfinite(got).all()
+    assert all(torch.equal(a, b) for a, b in zip(cache.k + cache.v, apart[0] + apart[1]))
+    assert cache.k[0][1].abs().sum() == 0 and cache.k[0][2, :, :P].abs().sum() > 0  # row 1 unused, row 2 written
 
 
 def reference_router(router: Router, x: torch.Tensor, G: int, kg: int, K: int, scale: float):
