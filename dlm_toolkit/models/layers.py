@@ -44,7 +44,7 @@ def rope_cos_sin(position_ids: torch.Tensor, rot_dim: int, theta: float, dtype: 
     """cos/sin tables (B, 1, T, R) for absolute positions, built per call (no buffers, so a meta-device
     init works): the form :func:`apply_partial_rope` reads; the model runs :class:`Rope`, built from
     these."""
-    inv_freq = theta ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32, device=position_ids.device) / rot_dim)
+    inv_freq = theta ** (torch.arange(0, -rot_dim, -2, dtype=torch.float32, device=position_ids.device) / rot_dim)
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, R/2)
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, R): NeoX layout, halves repeat
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -62,18 +62,20 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 @dataclass(frozen=True)
 class Rope:
-    """Partial rotate-half RoPE over whole heads, as three elementwise ops and one gather:
-    ``x * cos + x[..., perm] * sin`` with tables (B, 1, T, D) built once per forward.
+    """Partial rotate-half RoPE over whole heads, as three elementwise ops and one copy:
+    ``x * cos + swap(x) * sin`` with tables (B, 1, T, D) built once per forward.
 
-    On the first R dims ``perm`` swaps the halves and ``sin`` carries the rotate-half sign, so each
-    value is computed as :func:`apply_partial_rope` computes it (``x2 * -s == -x2 * s`` exactly);
-    on the D - R pass-through dims ``cos`` is 1 and ``sin`` 0, and ``x * 1 + x * 0 == x`` for
-    every finite x. Same bits as the reference, about a third of its ops.
+    ``swap`` exchanges the two halves of the first R dims and keeps the D - R pass-through dims
+    (one ``cat`` of slices, or one ``roll`` when R = D: cheaper than a gather); ``sin`` carries the
+    rotate-half sign, so each value is computed as :func:`apply_partial_rope` computes it
+    (``x2 * -s == -x2 * s`` exactly); on the pass-through dims ``cos`` is 1 and ``sin`` 0, and
+    ``x * 1 + x * 0 == x`` for every finite x (the partner is x itself, so even -0.0 keeps its
+    sign). Same bits as the reference, about a third of its ops.
     """
 
     cos: torch.Tensor  # (B, 1, T, D)
     sin: torch.Tensor  # (B, 1, T, D)
-    perm: torch.Tensor  # (D,) long
+    rot_dim: int  # R: the rotated dims; the halves swapped are [0, R/2) and [R/2, R)
 
     @classmethod
     def build(cls, position_ids: torch.Tensor, rot_dim: int, head_dim: int, theta: float,
@@ -81,19 +83,21 @@ class Rope:
         # cos/sin on the (B, T, R) tensor exactly as rope_cos_sin: a vectorised cos may round an
         # element differently from the scalar tail loop, so the table's layout stays the same.
         cos, sin = rope_cos_sin(position_ids, rot_dim, theta, dtype)
-        half, rest = rot_dim // 2, head_dim - rot_dim
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], -1)
-        if rest:
-            cos = torch.cat([cos, cos.new_ones(cos.shape[:-1] + (rest,))], -1)
-            sin = torch.cat([sin, sin.new_zeros(sin.shape[:-1] + (rest,))], -1)
-        # [R/2 .. R-1, 0 .. R/2-1, R .. D-1], built on the device (no host-made tensor: capturable)
-        dims = torch.arange(head_dim, device=position_ids.device)
-        perm = torch.where(dims < rot_dim, (dims + half) % rot_dim, dims)
-        return cls(cos, sin, perm)
+        if head_dim > rot_dim:  # the pass-through dims: cos 1, sin 0
+            cos, sin = F.pad(cos, (0, head_dim - rot_dim), value=1.0), F.pad(sin, (0, head_dim - rot_dim))
+        sin[..., :rot_dim // 2].neg_()  # rotate-half's sign, in place: sin is this call's own table
+        return cls(cos, sin, rot_dim)
+
+    def swap(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> the rotate-half partner of each dim: [R/2 .. R-1, 0 .. R/2-1, R .. D-1]."""
+        R, half = self.rot_dim, self.rot_dim // 2
+        if R == x.shape[-1]:
+            return x.roll(half, -1)
+        return torch.cat([x[..., half:R], x[..., :half], x[..., R:]], -1)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, h, T, D) -> x with RoPE applied to the first R dims of every head."""
-        return x * self.cos + x.index_select(-1, self.perm) * self.sin
+        return x * self.cos + self.swap(x) * self.sin
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,7 +106,10 @@ class Rope:
 
 @dataclass
 class KVCache:
-    """Prefix KV cache of finished positions: per layer K and V of shape (rows, nkv, max_length + 1, D).
+    """Prefix KV cache of finished positions: per layer one tensor (rows, 2 * nkv, max_length + 1, D),
+    the K heads then the V heads (the order of the packed projection), so a forward reads the
+    prefix of both with one gather and writes the window's entries with one ``index_put_``.
+    :attr:`k` and :attr:`v` are views of the two halves.
 
     Keys are stored after RoPE, at their absolute position. The engine decides which window
     positions are written (``cache_write``) and which cache row each window row uses.
@@ -115,16 +122,25 @@ class KVCache:
     at the same position.)
     """
 
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
+    kv: list[torch.Tensor]
+
+    @property
+    def k(self) -> list[torch.Tensor]:
+        """Per layer the keys (rows, nkv, max_length + 1, D), views into :attr:`kv`."""
+        return [t[:, :t.shape[1] // 2] for t in self.kv]
+
+    @property
+    def v(self) -> list[torch.Tensor]:
+        """Per layer the values (rows, nkv, max_length + 1, D), views into :attr:`kv`."""
+        return [t[:, t.shape[1] // 2:] for t in self.kv]
 
     @property
     def batch_size(self) -> int:
-        return self.k[0].shape[0]
+        return self.kv[0].shape[0]
 
     @property
     def max_length(self) -> int:
-        return self.k[0].shape[2] - 1
+        return self.kv[0].shape[2] - 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,11 +166,12 @@ class Attention(nn.Module):
     def forward(self, x, rope: Rope, mask, cache_kv=None, cache_rows=None, write_pos=None, no_keys=None):
         """x (B, T, H); rope: the forward's :class:`Rope` tables; mask (B, 1, T, S+T): bool (True =
         may attend) or its additive float form (0 / -inf, the query dtype; the model converts once
-        per forward what SDPA would convert in every layer); cache_kv = (K, V) of one layer or None;
-        no_keys (B, 1, T, 1) bool: queries the mask lets see nothing (computed from ``mask`` when
-        None; the model computes it once per forward for all layers);
-        cache_rows (B,) long; write_pos (B, T) long: the cache position each window entry is
-        stored at (the spare slot for entries not stored, see :class:`KVCache`), or None."""
+        per forward what SDPA would convert in every layer); cache_kv: one layer's tensor of a
+        :class:`KVCache` (rows, 2 * nkv, L + 1, D), or None; no_keys (B, 1, T, 1) bool: queries the
+        mask lets see nothing (computed from ``mask`` when None; the model computes it once per
+        forward for all layers); cache_rows (B,) long; write_pos (B, T) long: the cache position
+        each window entry is stored at (the spare slot for entries not stored, see
+        :class:`KVCache`), or None."""
         B, T, _ = x.shape
         nq, nkv = self.nq, self.nkv
         qkv = self.query_key_value(x).view(B, T, nq + 2 * nkv, self.hd).transpose(1, 2)  # (B, heads, T, D)
@@ -162,9 +179,12 @@ class Attention(nn.Module):
         q, k = qk.split([nq, nkv], dim=1)  # (B, nq|nkv, T, D)
         v = qkv[:, nq + nkv:]
         S = mask.shape[-1] - T
-        if S:  # keys = cached prefix 0..S-1 of each row's cache row, then the window
-            k_all = torch.cat([cache_kv[0][:, :, :S].index_select(0, cache_rows), k], dim=2)  # (B, nkv, S+T, D)
-            v_all = torch.cat([cache_kv[1][:, :, :S].index_select(0, cache_rows), v], dim=2)
+        if S or write_pos is not None:
+            kv = torch.cat([k, v], dim=1)  # (B, 2 nkv, T, D): the window in the cache's layout
+            # keys = cached prefix 0..S-1 of each row's cache row, then the window: one gather and one
+            # copy for K and V together (SDPA reads the two halves as strided views: same values)
+            kv_all = torch.cat([cache_kv[:, :, :S].index_select(0, cache_rows), kv], dim=2) if S else kv
+            k_all, v_all = kv_all[:, :nkv], kv_all[:, nkv:]  # (B, nkv, S+T, D) each
         else:
             k_all, v_all = k, v
         out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)  # (B, nq, T, D)
@@ -172,11 +192,10 @@ class Attention(nn.Module):
         # into other rows through 0 * NaN in later layers, so such rows output exactly zero.
         if no_keys is None:
             no_keys = ~mask.any(-1, keepdim=True) if mask.dtype == torch.bool else mask.isneginf().all(-1, keepdim=True)
-        out = out.masked_fill(no_keys, 0.0)
-        if write_pos is not None:  # after the read above: the window's own keys come from k, v
-            rows = cache_rows[:, None].expand(B, T)
-            cache_kv[0][rows, :, write_pos] = k.transpose(1, 2)  # (B, T, nkv, D) at (row, :, pos)
-            cache_kv[1][rows, :, write_pos] = v.transpose(1, 2)
+        # in place on SDPA's fresh output, unless autograd keeps it for the backward
+        out = out.masked_fill(no_keys, 0.0) if out.requires_grad else out.masked_fill_(no_keys, 0.0)
+        if write_pos is not None:  # after the read above: the window's own keys come from kv
+            cache_kv[cache_rows[:, None].expand(B, T), :, write_pos] = kv.transpose(1, 2)  # (B, T, 2 nkv, D)
         return self.dense(out.transpose(1, 2).reshape(B, T, nq * self.hd))
 
     def qk_norm(self, qk: torch.Tensor) -> torch.Tensor:

@@ -149,10 +149,8 @@ class LLaDA2MoeModelLM(nn.Module):
     def new_cache(self, batch_size: int, max_length: int) -> KVCache:
         cfg, dev = self.config, self.lm_head.weight.device
         kv_lo, kv_hi = self.tp.kv_heads(cfg.num_key_value_heads)  # this rank's KV heads
-        shape = (batch_size, kv_hi - kv_lo, max_length + 1, cfg.head_dim)  # + the spare slot (see KVCache)
-        n = cfg.num_hidden_layers
-        return KVCache([torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(n)],
-                       [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(n)])
+        shape = (batch_size, 2 * (kv_hi - kv_lo), max_length + 1, cfg.head_dim)  # K|V heads, + the spare slot
+        return KVCache([torch.zeros(shape, dtype=self.dtype, device=dev) for _ in range(cfg.num_hidden_layers)])
 
     def forward_window(self, input_ids, position_ids, attn_mask, cache=None, cache_rows=None, cache_write=None,
                        return_intermediates: bool = False):
@@ -193,13 +191,14 @@ class LLaDA2MoeModelLM(nn.Module):
         rope = Rope.build(position_ids, cfg.rotary_dim, cfg.head_dim, cfg.rope_theta, self.dtype)
         allowed = attn_mask[:, None]  # (B, 1, T, S+T), broadcast over heads
         no_keys = ~allowed.any(-1, keepdim=True)  # (B, 1, T, 1) padding queries, once for all layers
-        # the additive form SDPA would build from the bool mask in every layer (same values: 0 / -inf)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+        # the additive form SDPA would build from the bool mask in every layer (same values: 0 / -inf;
+        # `where` of two Python floats gives the default dtype, so the model's dtype is asked for)
+        mask = torch.where(allowed, 0.0, float("-inf")).to(self.dtype)
         h = self.model.word_embeddings(input_ids)  # (B, T, H)
         if trace is not None:
             trace["embeddings"] = h
         for i, layer in enumerate(self.model.layers):
-            cache_kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            cache_kv = cache.kv[i] if cache is not None else None
             h = layer(h, rope, mask, cache_kv, cache_rows, write_pos, trace, no_keys)
             if trace is not None:
                 trace[f"layer_out.{i}"] = h
