@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import random
 from pathlib import Path
 
@@ -296,3 +297,69 @@ def test_loglikelihood_rolling_sums_windows_of_half_the_context():
     second = estimate_loglikelihood(lm.model, ids[:128], ids[128:], 32, mc_num=2, mc_batch_size=2, generator=gen)
     assert total == pytest.approx(first.logprob + second.logprob, rel=1e-9)
     assert lm.loglik_log[-1]["stderr"] == pytest.approx(math.hypot(first.stderr, second.stderr))
+
+
+# -- memory: a forward that cannot fit is refused before it runs ---------------------------------------
+def test_forward_length_is_the_length_of_the_forward_that_runs(tiny, monkeypatch):
+    from dlm_toolkit.integrations.loglik import forward_length, forward_shape
+
+    seen = []
+    inner = tiny.forward_window
+    monkeypatch.setattr(tiny, "forward_window", lambda ids, *a, **k: seen.append(tuple(ids.shape)) or inner(ids, *a, **k))
+    for P, l, last in ((3, 2, "pad"), (4, 1, "pad"), (5, 7, "cut"), (0, 9, "pad"), (8, 4, "cut")):
+        seen.clear()
+        estimate_loglikelihood(tiny, list(range(1, P + 1)), [2] * l, 4, mc_num=5, mc_batch_size=3, last_block=last)
+        rows, length = forward_shape(tiny, P, l, 4, 5, 3, last)
+        assert {s[1] for s in seen} == {forward_length(tiny, P, l, 4, last)} == {length}
+        assert max(s[0] for s in seen) == rows  # 1 where exact, else the batch and the greedy row
+
+
+def test_forward_bytes_counts_the_logits_twice_and_the_mask(tiny):
+    from dlm_toolkit.integrations.loglik import forward_bytes
+
+    # fp32 model, V = 16: logits 4 + 4 bytes a value, the additive mask 4 bytes and the bool 1
+    assert forward_bytes(tiny, 3, 10) == 3 * 10 * 16 * 8 + 3 * 10 * 10 * 5
+
+
+def test_a_forward_over_the_budget_is_refused_naming_the_batch_that_fits(tiny):
+    from dlm_toolkit.integrations.loglik import check_forward_memory, forward_bytes
+
+    need = forward_bytes(tiny, 33, 40)
+    check_forward_memory(tiny, 33, 40, budget=need)  # near miss: exactly the budget
+    with pytest.raises(ConfigError, match=r"^mc_batch_size: a loglikelihood forward of 33 rows over 40 positions needs "
+                                          r"~0\.0 GiB .* more than the 0\.0 GiB allowed .*: use mc_batch_size <= (\d+)$") as err:
+        check_forward_memory(tiny, 33, 40, budget=need - 1)
+    fits = int(re.search(r"<= (\d+)$", str(err.value)).group(1))
+    assert forward_bytes(tiny, fits + 1, 40) <= need - 1 < forward_bytes(tiny, fits + 2, 40)
+    with pytest.raises(ConfigError, match="even one sample does not fit: shorten the request"):
+        check_forward_memory(tiny, 2, 40, budget=forward_bytes(tiny, 1, 40) - 1)
+
+
+def test_an_estimate_too_large_for_this_machine_is_refused_before_its_first_forward(monkeypatch):
+    """The real budget (half of this machine's memory): 4097 rows of a 65,536-token vocabulary over
+    ~800 positions need ~1.7 TB of logits."""
+    big = tiny_llada2(0, vocab_size=65536, mask_token_id=65535, eos_token_id=65534)
+    calls = []
+    monkeypatch.setattr(big, "forward_window", lambda *a, **k: calls.append(1))
+    with pytest.raises(ConfigError, match=r"^mc_batch_size: a loglikelihood forward of 4097 rows over \d+ positions"):
+        estimate_loglikelihood(big, list(range(1, 301)), list(range(1, 101)), 4, mc_num=8192, mc_batch_size=4096)
+    assert calls == []
+
+
+def test_lm_eval_checks_every_request_before_scoring_any(monkeypatch):
+    from lm_eval.api.instance import Instance
+
+    from dlm_toolkit.integrations import loglik
+    from dlm_toolkit.integrations.lm_eval import DlmLM
+
+    lm = DlmLM(checkpoint=str(TESTBED), threads=1, mc_num=64, mc_batch_size=64)
+    short = Instance("loglikelihood", {}, ("1+2=", "3"), 0)
+    long = Instance("loglikelihood", {}, ("1+2=" * 20, "123456"), 0)
+    budget = loglik.forward_bytes(lm.model, *loglik.forward_shape(lm.model, 4, 1, 32, 64, 64))  # the short one fits
+    monkeypatch.setattr(loglik, "memory_for_forwards", lambda model: budget)  # a machine this small
+    with pytest.raises(ConfigError, match=r"^mc_batch_size: a loglikelihood forward of 65 rows over 96 positions"):
+        lm.loglikelihood([short, long], disable_tqdm=True)
+    assert lm.loglik_log == []  # the first request was not scored either
+    with pytest.raises(ConfigError, match=r"^mc_batch_size: a loglikelihood forward of 65 rows over \d+ positions"):  # rolling too
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("1+2=" * 20,), 0)], disable_tqdm=True)
+    assert len(lm.loglikelihood([short], disable_tqdm=True)) == 1  # near miss: it fits alone

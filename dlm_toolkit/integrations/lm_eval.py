@@ -218,6 +218,7 @@ class DlmLM(LM):
             check_task_context(self.model, len(ctx_ids) + len(cont_ids), self.policy,
                                "lm-eval loglikelihood request (context + continuation)")
             pairs.append((ctx_ids, cont_ids))
+        self._check_memory([(len(c), len(x)) for c, x in pairs])
         if not self._warned_delimiter and _is_main():
             trap = delimiter_trap(self.tokenizer, pairs)
             if trap is not None:
@@ -256,6 +257,8 @@ class DlmLM(LM):
         width = max(1, (limit // 2) // block * block)
         out = []
         docs = [encode_text(self.tokenizer, req.args[0]) for req in requests]
+        self._check_memory([(min(lo, width), min(width, len(ids) - lo)) for ids in docs
+                            for lo in range(0, len(ids), width)])
         windows = sum(-(-len(ids) // width) for ids in docs)
         bar = self._sample_bar("dlm loglikelihood_rolling", len(docs), windows, disable_tqdm)
         for req, ids, seed in zip(requests, docs, request_seeds(self.seed, requests)):
@@ -272,6 +275,16 @@ class DlmLM(LM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         bar.close()
         return out
+
+    def _check_memory(self, sizes: list[tuple[int, int]]) -> None:
+        """Refuse, before the first forward, requests (``(context, continuation)`` token counts)
+        whose largest scoring forward would not fit in memory (:func:`~dlm_toolkit.integrations.loglik.check_forward_memory`)."""
+        from dlm_toolkit.integrations.loglik import check_forward_memory, forward_bytes, forward_shape
+
+        shapes = [forward_shape(self.model, P, l, self.policy.blocks.block_length, self.mc_num, self.mc_batch_size,
+                                self.loglik_last_block) for P, l in sizes]
+        if shapes:
+            check_forward_memory(self.model, *max(shapes, key=lambda s: forward_bytes(self.model, *s)))
 
     def _sample_bar(self, what: str, requests: int, estimates: int, disable: bool) -> Any:
         """A progress bar over Monte-Carlo samples, after one line stating the cost up front: each

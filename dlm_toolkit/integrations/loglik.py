@@ -39,9 +39,10 @@ import torch
 from dlm_toolkit.config import ConfigError
 from dlm_toolkit.models.base import DiffusionLM, model_device
 from dlm_toolkit.models.masks import block_diffusion_attn_mask
+from dlm_toolkit.util.runtime import host_memory_bytes
 
-__all__ = ["LAST_BLOCK", "LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_last_block", "check_mc_args",
-           "estimate_loglikelihood"]
+__all__ = ["LAST_BLOCK", "LoglikEstimate", "MAX_MC_BATCH", "MAX_MC_NUM", "check_forward_memory", "check_last_block",
+           "check_mc_args", "estimate_loglikelihood", "forward_length", "forward_shape"]
 
 MAX_MC_NUM = 100_000  # samples per request; LLaDA's evaluation uses 128, dllm up to 1024
 MAX_MC_BATCH = 4096  # rows of one forward
@@ -81,6 +82,71 @@ def check_last_block(value: object) -> str:
                           "last block with masks as a decode does, cut ends the sequence at the answer as LLaDA's "
                           "estimator does")
     return str(value)
+
+
+def _layout(model: DiffusionLM, P: int, l: int, block_length: int, last_block: str) -> tuple[int | None, int, int, int]:
+    """``(B, L, noisy_from, clean_to)`` of the scoring sequence (module docstring): the block length
+    (None for a full-attention model), the padded length, where the noisy half starts and where the
+    clean copy ends."""
+    full = getattr(model, "attention", "block_causal") == "full"
+    B = None if full else int(block_length)
+    L = P + l if B is None or last_block == "cut" else -(-(P + l) // B) * B
+    noisy_from = 0 if B is None else (P // B) * B  # blocks holding continuation positions
+    clean_to = 0 if B is None else (L - 1) // B * B  # the last block's clean copy is never attended
+    return B, L, noisy_from, clean_to
+
+
+def forward_length(model: DiffusionLM, P: int, l: int, block_length: int, last_block: str = "pad") -> int:
+    """Positions of one scoring forward for a context of ``P`` and a continuation of ``l`` tokens."""
+    _, L, noisy_from, clean_to = _layout(model, P, l, block_length, last_block)
+    return L - noisy_from + clean_to
+
+
+def forward_shape(model: DiffusionLM, P: int, l: int, block_length: int, mc_num: int, mc_batch_size: int,
+                  last_block: str = "pad") -> tuple[int, int]:
+    """``(rows, length)`` of the largest scoring forward of one request: one row where the estimate
+    is exact, else a batch of samples and the greedy row that rides along the first."""
+    B = _layout(model, P, l, block_length, last_block)[0]
+    exact = l == 0 or all(g.numel() == 1 for g in _groups(P, l, B))
+    return (1 if exact else min(mc_batch_size, mc_num) + 1), forward_length(model, P, l, block_length, last_block)
+
+
+def forward_bytes(model: DiffusionLM, rows: int, length: int) -> int:
+    """The bytes one scoring forward of ``rows`` x ``length`` positions allocates in its two
+    largest tensors, which grow past the weights first: the logits ((rows, length, V) in the
+    model's dtype and again in float32) and the attention's additive mask ((rows, length,
+    length) in the model's dtype, next to the bool one)."""
+    size = torch.empty((), dtype=getattr(model, "dtype", torch.float32)).element_size()
+    return rows * length * (int(model.vocab_size) * (size + 4) + length * (size + 1))
+
+
+def memory_for_forwards(model: DiffusionLM) -> int:
+    """The bytes a scoring forward may take: half of this machine's memory for a model on the CPU
+    (:func:`~dlm_toolkit.util.runtime.host_memory_bytes`), the device's memory for one on a GPU."""
+    device = model_device(model)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return host_memory_bytes() // 2
+
+
+def check_forward_memory(model: DiffusionLM, rows: int, length: int, budget: int | None = None) -> None:
+    """Refuse, before any forward, a scoring forward of ``rows`` (``mc_batch_size`` samples and
+    the greedy row) over ``length`` positions whose logits and mask (:func:`forward_bytes`) need
+    more than ``budget`` bytes (default :func:`memory_for_forwards`).
+
+    Raises:
+        ConfigError: one line with the estimate, the budget and the largest ``mc_batch_size`` that fits.
+    """
+    budget = memory_for_forwards(model) if budget is None else budget
+    need = forward_bytes(model, rows, length)
+    if need <= budget:
+        return
+    fits = budget // max(1, forward_bytes(model, 1, length)) - 1  # samples besides the greedy row
+    advice = (f"use mc_batch_size <= {fits}" if fits >= 1 else
+              "even one sample does not fit: shorten the request (context + continuation)")
+    raise ConfigError(f"mc_batch_size: a loglikelihood forward of {rows} rows over {length} positions needs "
+                      f"~{need / 2**30:.1f} GiB for its logits and attention mask, more than the "
+                      f"{budget / 2**30:.1f} GiB allowed (half of this machine's memory, or the GPU's): {advice}")
 
 
 def _groups(P: int, l: int, block: int | None) -> list[torch.Tensor]:
@@ -131,15 +197,11 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
         done(mc_num)
         return LoglikEstimate(0.0, 0.0, 1, True, True)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    full = getattr(model, "attention", "block_causal") == "full"
-    B = None if full else int(block_length)
+    B, L, noisy_from, clean_to = _layout(model, P, l, block_length, last_block)
     mask_id = int(model.mask_token_id)
-    L = P + l if full or last_block == "cut" else -(-(P + l) // B) * B
     x0 = torch.tensor([*context, *continuation] + [mask_id] * (L - P - l), dtype=torch.long)
     pos = torch.arange(L)
-    blk = torch.zeros(L, dtype=torch.long) if full else pos // B
-    noisy_from = 0 if full else (P // B) * B  # blocks holding continuation positions
-    clean_to = 0 if full else (L - 1) // B * B  # the last block's clean copy is never attended
+    blk = torch.zeros(L, dtype=torch.long) if B is None else pos // B
     T_noisy = L - noisy_from
     flags = torch.cat([torch.ones(T_noisy, dtype=torch.bool), torch.zeros(clean_to, dtype=torch.bool)])
     blocks = torch.cat([blk[noisy_from:], blk[:clean_to]])
@@ -150,6 +212,7 @@ def estimate_loglikelihood(model: DiffusionLM, context: Sequence[int], continuat
 
     groups = _groups(P, l, B)
     exact = all(g.numel() == 1 for g in groups)
+    check_forward_memory(model, *forward_shape(model, P, l, block_length, mc_num, mc_batch_size, last_block))
     device = model_device(model)
     attn, positions = attn.to(device), positions.to(device)  # one copy, broadcast over the samples
 

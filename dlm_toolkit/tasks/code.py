@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import sys
 import zlib
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from dlm_toolkit.config import ConfigError
+from dlm_toolkit.util.runtime import host_memory_bytes
 
 from .safe_pickle import MAX_BLOB_BYTES
 from .sandbox import SandboxResult, run_python, run_tests
@@ -49,13 +48,7 @@ def memory_ceiling_mb() -> int:
     """The most memory one code run may ask for: half of this machine's memory (the physical
     memory, or the memory limit of the cgroup this process runs in where that is lower), in MiB;
     a run limited to that cannot take the evaluator's host down with it."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            total = min(total, int(Path(limit).read_text().strip()))
-        except (OSError, ValueError):  # absent, or "max"
-            pass
-    return max(MIN_MEMORY_MB, total // 2 >> 20)
+    return max(MIN_MEMORY_MB, host_memory_bytes() // 2 >> 20)
 
 
 _RANGES = {

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -64,6 +66,19 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in DTYPES:
         raise ConfigError(f"dtype: unknown dtype {dtype!r} (allowed: {', '.join(DTYPES)})")
     return DTYPES[dtype]
+
+
+@lru_cache(maxsize=1)
+def host_memory_bytes() -> int:
+    """This machine's memory as this process may use it: the physical memory, or the memory limit
+    of the cgroup the process runs in where that is lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            total = min(total, int(Path(limit).read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max"
+            pass
+    return total
 
 
 def cpu_count() -> int:
