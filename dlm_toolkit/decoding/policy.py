@@ -219,8 +219,9 @@ class StepChecks:
         Fused forms (each pinned against the plain formula in ``tests/test_step_fast_paths.py``):
         ``sel > region`` is ``sel & ~region`` on bools; "net < 1 where something was remasked" is
         ``remasks >= max(commits, 1)``; a non-finite confidence at a real slot is ``valid > (z == z)`` with
-        ``z = confidence - confidence`` (0 for every finite value, NaN for inf and NaN: 2 aten ops where
-        ``isfinite`` dispatches 4, abs, ne, eq and mul)."""
+        ``z = confidence - confidence`` (0 for every finite value, NaN for inf and NaN): one aten op more
+        than ``isfinite`` by the dispatch count, but ``isfinite`` alone costs about what sub + eq + gt + any
+        do (3.3 us against 0.8 us an op on a (1, 32) window, one CPU thread)."""
         assert ctx.commit is not None and ctx.edit is not None and ctx.remask is not None
         names = self.names
         every = ctx.rows is state.all_rows
