@@ -12,7 +12,7 @@ import torch
 from pydantic import Field
 
 from dlm_toolkit import M2T, StepContext, StrategyConfig, UnmaskRule
-from dlm_toolkit.strategy.selection import top1
+from dlm_toolkit.strategy.selection import top1_of_masked
 
 
 @M2T.register("threshold")
@@ -20,12 +20,15 @@ class ThresholdUnmask(UnmaskRule):
     class Config(StrategyConfig):
         threshold: float = Field(0.9, gt=0.0, le=1.0, description="commit iff confidence > threshold (strict)")
 
-    # inside: a commit is fillable (both terms are & fillable); progress: top1 over the fillable slots
+    # inside: a commit is fillable (the score is -inf elsewhere, top1 is & fillable); progress: top1 over the fillable slots
     # picks one wherever there is one and no confidence is -inf (probabilities are not)
     GUARANTEES = frozenset({"inside", "progress"})
 
     def __call__(self, ctx: StepContext) -> torch.Tensor:
         fillable = ctx.fillable
-        commit = fillable & (ctx.confidence > self.config.threshold)
+        # the confidence outside fillable at -inf: "fillable & above the threshold" is one comparison
+        # (-inf clears no threshold), and top1 reuses the same tensor
+        score = torch.where(fillable, ctx.confidence, float("-inf"))
+        commit = score > self.config.threshold
         # the top-1 is empty where nothing is fillable, so "rows with no commit" is the whole condition
-        return torch.where(commit.any(1, keepdim=True), commit, top1(ctx.confidence, fillable))
+        return torch.where(commit.any(1, keepdim=True), commit, top1_of_masked(score, fillable))

@@ -18,7 +18,7 @@ from dlm_toolkit import DecodingPolicy
 from dlm_toolkit.config import SamplingConfig
 from dlm_toolkit.decoding.loop import step_context
 from dlm_toolkit.step.sampling import sample
-from dlm_toolkit.strategy.selection import top1, topk_per_row
+from dlm_toolkit.strategy.selection import top1, top1_of_masked, topk_per_row
 from dlm_toolkit.step.state import DecodeState
 from dlm_toolkit.testing import make_context
 from strategies.blocks_semi_ar import SemiAutoregressive
@@ -133,6 +133,8 @@ def test_top1_matches_reference_and_the_general_topk(seed):
     assert got.tolist() == top1_reference(score, allowed)
     assert torch.equal(got, topk_per_row(score, allowed, torch.ones(5, dtype=torch.long)))
     assert not got[0].any(), "a row with nothing allowed selects nothing"
+    # the form taking the score already at -inf outside allowed (the threshold rule's)
+    assert torch.equal(top1_of_masked(torch.where(allowed, score, float("-inf")), allowed), got)
 
 
 def test_threshold_unmask_matches_reference():

@@ -99,6 +99,27 @@ def test_fused_step_checks_match_the_plain_definitions(seed):
     assert board.fresh == {"+".join(f.name for f in checks.flags): 1}
 
 
+@pytest.mark.parametrize("value,bad", [
+    (math.inf, True), (-math.inf, True), (math.nan, True),
+    # near misses: the largest finite float32 values (x - x is still 0), the smallest subnormal, -0.0
+    (3.4028234663852886e38, False), (-3.4028234663852886e38, False), (1e-45, False), (-0.0, False),
+])
+def test_the_finite_check_is_isfinite_at_real_slots(value, bad):
+    """The finite column (confidence - confidence compared with itself) against math.isfinite, with the
+    value at a real slot of row 0 and, in row 1, only at a slot that is not real (never flagged)."""
+    state, ctx, pol = a_step(1)
+    ctx.confidence = torch.full((3, 8), 0.5)
+    ctx.valid = torch.zeros(3, 8, dtype=torch.bool)
+    ctx.valid[0, 3] = ctx.valid[1, 5] = True
+    ctx.confidence[0, 3] = ctx.confidence[1, 4] = value
+    checks = StepChecks(pol, 10 ** 6)
+    checks.add(ctx, state)
+    names = [f.name for f in checks.flags]
+    slab = state.flags.slabs["+".join(names)].tolist()
+    assert [row[names.index("finite")] for row in slab] == [bad, False, False]
+    assert bad is not math.isfinite(value)
+
+
 @pytest.mark.parametrize("commit_row0", [True, False])
 def test_checks_on_their_bounds(commit_row0):
     """Hand-made rows on the bounds: net progress exactly 1 passes, 0 fails; no commit fails progress

@@ -31,9 +31,10 @@ import test_step_pins
 MASK, EOS = 99, 98
 
 
-def engine_and_state(seed: int, cached: bool, prefilled: bool):
+def engine_and_state(seed: int, cached: bool, prefilled: bool, all_live: bool = False):
     """A decode of four rows mid-way: random blocks, cached lengths (at most the window start), post
-    counters and mask counts; rows 0 and 1 live, row 2 not live with the largest values of all."""
+    counters and mask counts; rows 0 and 1 live, row 2 not live with the largest values of all (with
+    ``all_live``: every row live, row 2's values the maxima)."""
     g = torch.Generator().manual_seed(seed)
     model = tiny_llada2(seed=5)
     pol = DecodingPolicy("llada2.1-q", **{"blocks.params.block_length": 4})
@@ -54,15 +55,16 @@ def engine_and_state(seed: int, cached: bool, prefilled: bool):
     state.post[2] = 9
     state.block_masked = torch.randint(0, 2, (4,), generator=g)
     state.block_masked[2] = 0
-    live = torch.tensor([True, bool(seed % 2), False, True])
+    live = torch.ones(4, dtype=torch.bool) if all_live else torch.tensor([True, bool(seed % 2), False, True])
     return engine, live, lo, hi, StepChecks(pol, 100)
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("cached, prefilled", [(True, True), (True, False), (False, True)])
-def test_the_read_of_every_row_gives_the_reduced_reads_facts_and_the_plain_maxima(seed, cached, prefilled):
-    every = engine_and_state(seed, cached, prefilled)
-    reduced = engine_and_state(seed, cached, prefilled)
+@pytest.mark.parametrize("all_live", [False, True])  # True: the read's every-row-live path (_max_live's every)
+def test_the_read_of_every_row_gives_the_reduced_reads_facts_and_the_plain_maxima(seed, cached, prefilled, all_live):
+    every = engine_and_state(seed, cached, prefilled, all_live)
+    reduced = engine_and_state(seed, cached, prefilled, all_live)
     facts = read_every_row(*every, ENGINE_FLAGS)
     want = read_reduced(*reduced, ENGINE_FLAGS)
     assert (facts.read, facts.post_max, facts.post_any, facts.width) == (want.read, want.post_max, want.post_any,
@@ -111,6 +113,19 @@ def test_a_flag_pending_from_the_step_before_is_raised_before_the_engines_own(re
     with pytest.raises(StrategyError, match=error):
         read(engine, live, wide, hi, checks, ENGINE_FLAGS)
 
+
+@pytest.mark.parametrize("read", [read_every_row, read_reduced])
+@pytest.mark.parametrize("overflow", [True, False])
+def test_the_engines_overflow_flag_is_raised_by_both_reads(read, overflow):
+    """The third of the engine's own flags (the window moved past the KV cache between reads), set on
+    the engine as ``window()`` sets it; the near miss: not set, the read goes on."""
+    engine, live, lo, hi, checks = engine_and_state(0, False, True)
+    engine.overflow[...] = overflow
+    if not overflow:
+        assert read(engine, live, lo, hi, checks, ENGINE_FLAGS) is not None
+        return
+    with pytest.raises(StrategyError, match="more than one block past the KV cache"):
+        read(engine, live, lo, hi, checks, ENGINE_FLAGS)
 
 class _GrowingWindow(SemiAutoregressive):
     """``semi_ar`` with a two-block window that starts one position earlier each forward of a block

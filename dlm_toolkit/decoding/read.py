@@ -37,9 +37,13 @@ def _board(engine: StepEngine, checks: StepChecks) -> None:
         board(s).adopt(checks.policy.flags)
 
 
-def _max_live(live: Sequence[int], values: Sequence[int]) -> int:
+def _max_live(live: Sequence[int], values: Sequence[int], every: bool = False) -> int:
     """The device's ``where(live, values, 0).amax()`` on host values (0 stands in for a row that is
-    not live, so the result is never below 0 unless every row is live)."""
+    not live, so the result is never below 0 unless every row is live). ``every``: the caller knows
+    every row is live (``all(live)``), so the result is ``max(values)`` (pinned in
+    ``tests/test_step_read.py``)."""
+    if every:
+        return max(values)
     return max(v if x else 0 for x, v in zip(live, values))
 
 
@@ -75,28 +79,30 @@ def read_every_row(engine: StepEngine, live: torch.Tensor, lo: torch.Tensor, hi:
         starts = bounds = lens = [0] * n
         bad_cache = [False] * n
     too_wide = [x and b - a > w for x, a, b in zip(live_n, los, his)]
-    for flag, hits in zip(flags, (bad_cache, too_wide, overflow)):  # set at this read: after every earlier flag
-        row = next((r for r, h in enumerate(hits) if h), None)
-        if row is not None:
-            s.flags.raise_host(flag, row, s, engine)
-    keep = tuple(r for r, x in enumerate(live_n) if x)
+    if any(bad_cache) or any(too_wide) or any(overflow):  # (the usual step has no hit: no search)
+        for flag, hits in zip(flags, (bad_cache, too_wide, overflow)):  # set at this read: after every earlier flag
+            row = next((r for r, h in enumerate(hits) if h), None)
+            if row is not None:
+                s.flags.raise_host(flag, row, s, engine)
+    every = all(live_n)  # precondition of _max_live's every: each row is live
+    keep = tuple(range(n)) if every else tuple(r for r, x in enumerate(live_n) if x)
     if not keep:
         return None
     needed = 0
     if not engine.full:
-        needed = _max_live(live_n, starts if engine.cached else his)
+        needed = _max_live(live_n, starts if engine.cached else his, every)
     if not engine.prefilled:
         assert boundary is not None
-        engine.prefill(live, boundary, _max_live(live_n, bounds))
+        engine.prefill(live, boundary, _max_live(live_n, bounds, every))
     if engine.cached:  # the narrowest of W, W + block, or whole blocks that holds the span
-        span, bl = _max_live(live_n, [h - a for h, a in zip(his, starts)]), engine.block_length
+        span, bl = _max_live(live_n, [h - a for h, a in zip(his, starts)], every), engine.block_length
         width = w if span <= w else max(w + bl, -(-span // bl) * bl)
     live_t, his_t = tuple(live_n), tuple(his)
     key, moves = None, True
     if engine.reuse:  # not right after the prefill: it moved the cached lengths after they were read
         key = (width, needed, live_t, his_t, tuple(lens), tuple(bounds)) if prefilled else None
         moves = any(x and b != c for x, b, c in zip(live_n, bounds, lens))
-    return StepFacts(read=True, post_max=_max_live(live_n, posts), post_any=any(x and m == 0 for x, m in
+    return StepFacts(read=True, post_max=_max_live(live_n, posts, every), post_any=any(x and m == 0 for x, m in
                                                                                 zip(live_n, masked)),
                      width=width, needed=needed, live=keep, window_ends=(min(his), max(his)), layout_key=key,
                      cache_moves=moves, context_key=(live_t, his_t, tuple(los), tuple(cols[-1])) if fixed else None)

@@ -17,8 +17,14 @@ def top1(score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     returns the first maximal index, the one a stable descending sort ranks first; NaN counts as
     the largest in both): one argmax instead of a sort and a scatter.
     """
-    best = torch.where(allowed, score, float("-inf")).argmax(dim=1, keepdim=True)
-    return allowed & (torch.arange(score.shape[1], device=score.device) == best)
+    return top1_of_masked(torch.where(allowed, score, float("-inf")), allowed)
+
+
+def top1_of_masked(masked_score: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """:func:`top1` given ``masked_score``, the score already set to ``-inf`` outside ``allowed`` (a
+    rule that needs that tensor anyway, e.g. to compare it with a threshold, saves the ``where``)."""
+    best = masked_score.argmax(dim=1, keepdim=True)
+    return allowed & (torch.arange(masked_score.shape[1], device=masked_score.device) == best)
 
 
 def topk_per_row(score: torch.Tensor, allowed: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
