@@ -423,3 +423,27 @@ def test_the_counts_views_follow_a_replaced_counts_tensor():
     state.counts_columns(1, 2).add_(5)
     state.nfe.add_(3)
     assert state.counts[0].tolist() == [3, 5, 5] + [0] * (state.counts.shape[1] - 3)
+
+
+def test_prepare_and_advance_blocks_on_their_bounds():
+    """semi_ar's prepare by hand on rows on each bound: a live row with no mask gets a post step, one
+    mask (near miss) or a done row does not; past max_post_steps a row moves to its next block (post
+    and block_step reset, the new block's masks counted) or, from its last block, is done (its
+    counters left as they were); a row done earlier stays as it is."""
+    pol = policy(**{"blocks.params.block_length": 4, "blocks.params.max_post_steps": 1,
+                    "blocks.params.eos_early_stop": False, "blocks.params.align": "prompt"})
+    state = DecodeState.start([[1, 2]] * 5, 8, pol.blocks, MASK, EOS, VOCAB, 0)  # two blocks per row
+    state.block[:] = torch.tensor([0, 0, 2, 0, 1])
+    state.done[:] = torch.tensor([False, False, True, False, False])
+    state.block_masked[:] = torch.tensor([0, 1, 0, 0, 0])
+    state.post[:] = torch.tensor([0, 0, 0, 1, 1])
+    state.block_step[:] = 5
+    state.canvas[3, 2 + 4] = 7  # row 3's next block holds one token: 3 masks
+    live = pol.blocks.prepare(state)
+    assert live.tolist() == [True, True, False, True, False]
+    assert state.done.tolist() == [False, False, True, False, True]
+    assert state.block.tolist() == [0, 0, 2, 1, 2]
+    assert state.post.tolist() == [1, 0, 0, 0, 2]
+    assert state.block_step.tolist() == [5, 5, 5, 0, 5]
+    assert state.block_masked.tolist() == [0, 1, 0, 3, 0]
+    assert state.block_masked_start[3] == 3

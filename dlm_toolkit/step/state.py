@@ -233,8 +233,8 @@ class DecodeState:
         return (pos >= prompt_len[:, None]) & (pos < hi[:, None])
 
     def advance_blocks(self, ending: torch.Tensor, eos_early_stop: bool) -> None:
-        """End the active block of the rows where ``ending`` ((N,) bool) holds: stop the row at an
-        EOS if asked, else move it to its next block (done after its last one)."""
+        """End the active block of the rows where ``ending`` ((N,) bool, rows that are not done) holds:
+        stop the row at an EOS if asked, else move it to its next block (done after its last one)."""
         rows = self.all_rows
         if eos_early_stop:
             _, hi = self.block_bounds(rows)
@@ -246,9 +246,11 @@ class DecodeState:
             self.done |= stop
             ending = ending ^ stop  # stopped rows are ending rows
         self.block += ending  # in place: a bool adds as 0/1
-        finished = ending & (self.block >= self.num_blocks)
-        self.done |= finished
-        moved = ending ^ finished  # finished rows are ending rows
+        # precondition: a row past its last block is done (this line keeps it), and ``ending`` holds
+        # no done row (docstring): so the rows done now are those done before and the finished ones,
+        # and the ending rows that are not done are the ones that moved
+        self.done |= self.block >= self.num_blocks
+        moved = ending > self.done  # on bools a > b is a & ~b
         self.post = self.post.masked_fill(moved, 0)
         self.block_step = self.block_step.masked_fill(moved, 0)
         start = self.masked_in_block(rows)
