@@ -232,7 +232,7 @@ class StepEngine:
             logits = run(*args)
         s.model_time += perf_counter() - t0
         s.forward_calls += 1
-        s.counts.select(1, FORWARD_TOKENS).add_(tokens)
+        s.counts_columns(FORWARD_TOKENS, None).add_(tokens)  # a view made once per decode
         if nfe_rows is not None:
             s.counts[:, 0] += nfe_rows.long()  # nfe
             s.block_step += nfe_rows.long()
