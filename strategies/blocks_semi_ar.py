@@ -34,12 +34,13 @@ class SemiAutoregressive(BlockSchedule):
         return torch.zeros_like(prompt_len), prompt_len // bl, -(-(prompt_len + gen_length) // bl)
 
     def prepare(self, state: DecodeState, facts: StepFacts = UNKNOWN) -> torch.Tensor:
-        no_mask = (state.block_masked == 0) > state.done  # on bools a > b is a & ~b
+        live = ~state.done
+        no_mask = state.block_masked < live  # block_masked == 0 on a live row (a count: never negative)
         state.post = state.post + no_mask  # a bool adds as 0/1
         # precondition of skipping advance_blocks: a prepare adds at most 1 to a row's post, so no row is
         # past post_max + since + 1 (StepFacts); within max_post_steps no row is over and it would change nothing
         if facts.post_max is not None and facts.post_max + facts.since + 1 <= self.config.max_post_steps:
-            return ~state.done
+            return live
         over = no_mask & (state.post > self.config.max_post_steps)  # checked before the forward
         state.advance_blocks(over, self.config.eos_early_stop)
         # One pass suffices: a block entered now holds a generated position, and generated

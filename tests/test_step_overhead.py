@@ -158,20 +158,30 @@ def test_the_verify_check_is_kept_for_a_verifying_policy():
     assert [f.name for f in StepChecks(unproven(), 10).flags] == [n for n in StepChecks.NAMES if n != "verify"]
 
 
+@pytest.mark.parametrize("no_remask", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_write_step_for_the_loops_context_matches_the_row_path(seed):
+def test_write_step_for_the_loops_context_matches_the_row_path(seed, no_remask):
+    """Both paths against the counter row by hand; ``no_remask`` (the counter row without its remask
+    column) leaves the remasks counter as it was."""
     results = []
     for rows in ("own", "copy"):
         state, ctx, _ = a_step(seed, rows)
         ctx.remask &= ~(ctx.commit | ctx.edit)
+        if no_remask:
+            ctx.remask = torch.zeros_like(ctx.remask)
+        state.counts[:, COUNTERS.index("remasks")] = 7  # must stay 7 (+ the remasks) whichever path counts
         ctx.commit &= ctx.valid  # a valid step: nothing selected outside the live rows
         ctx.edit &= ctx.valid
         ctx.remask &= ctx.valid
         ctx.post = ctx.live & torch.tensor([False, True, False])
         ctx.confidence = ctx.confidence.nan_to_num(0.5)  # NaN != NaN in the comparison below
         ctx.block_step[2] = 0  # the row that is not live starts a block: still no block counted
+        if seed < 2:  # live rows on the bound of "blocks_decoded" (0 counts, 1 does not) and of
+            ctx.block_step[:2] = torch.tensor([0, 1])  # "post_forwards_with_edit" (row 1 in a post step:
+            # one edit, or none)
+            ctx.edit[1] = ctx.valid[1] & (torch.arange(8) == int(ctx.valid[1].nonzero()[0, 0])) if seed else False
         before = state.counts.clone(), state.block_masked.clone(), state.block_step.clone()
-        write_step(state, ctx)
+        write_step(state, ctx, no_remask=no_remask)
         results.append([t.tolist() for t in (state.canvas, state.written_step, state.written_conf, state.counts,
                                              state.block_masked, state.block_step)])
     assert results[0] == results[1]
@@ -420,3 +430,41 @@ def test_the_decode_loop_writes_inside_the_canvas_without_window_slots(monkeypat
     assert fast_tokens == tokens and fast_nfe == nfe
     assert plain_calls >= steps  # no read of the window ends: the general write every step
     assert fast_calls < steps  # read every step: some steps wrote without window_slots
+
+
+def test_the_counts_views_follow_a_replaced_counts_tensor():
+    """``counts_columns`` and ``nfe`` are views made once per ``counts`` tensor: writes through them
+    land in ``counts``, and a new ``counts`` tensor gets new views (not the old tensor's)."""
+    state, _, _ = a_step(0)
+    state.counts.zero_()
+    state.counts_columns(0, 1).add_(1)
+    state.nfe.add_(1)
+    assert state.counts[:, 0].tolist() == [2, 2, 2] and state.counts[:, 1:].abs().sum() == 0
+    state.counts = torch.zeros_like(state.counts)
+    state.counts_columns(1, 2).add_(5)
+    state.nfe.add_(3)
+    assert state.counts[0].tolist() == [3, 5, 5] + [0] * (state.counts.shape[1] - 3)
+
+
+def test_prepare_and_advance_blocks_on_their_bounds():
+    """semi_ar's prepare by hand on rows on each bound: a live row with no mask gets a post step, one
+    mask (near miss) or a done row does not; past max_post_steps a row moves to its next block (post
+    and block_step reset, the new block's masks counted) or, from its last block, is done (its
+    counters left as they were); a row done earlier stays as it is."""
+    pol = policy(**{"blocks.params.block_length": 4, "blocks.params.max_post_steps": 1,
+                    "blocks.params.eos_early_stop": False, "blocks.params.align": "prompt"})
+    state = DecodeState.start([[1, 2]] * 5, 8, pol.blocks, MASK, EOS, VOCAB, 0)  # two blocks per row
+    state.block[:] = torch.tensor([0, 0, 2, 0, 1])
+    state.done[:] = torch.tensor([False, False, True, False, False])
+    state.block_masked[:] = torch.tensor([0, 1, 0, 0, 0])
+    state.post[:] = torch.tensor([0, 0, 0, 1, 1])
+    state.block_step[:] = 5
+    state.canvas[3, 2 + 4] = 7  # row 3's next block holds one token: 3 masks
+    live = pol.blocks.prepare(state)
+    assert live.tolist() == [True, True, False, True, False]
+    assert state.done.tolist() == [False, False, True, False, True]
+    assert state.block.tolist() == [0, 0, 2, 1, 2]
+    assert state.post.tolist() == [1, 0, 0, 0, 2]
+    assert state.block_step.tolist() == [5, 5, 5, 0, 5]
+    assert state.block_masked.tolist() == [0, 1, 0, 3, 0]
+    assert state.block_masked_start[3] == 3

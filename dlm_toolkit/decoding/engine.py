@@ -50,7 +50,7 @@ from dlm_toolkit.decoding.read import read_every_row, read_reduced
 from dlm_toolkit.step.facts import SavedLayout, StepFacts
 from dlm_toolkit.step.flags import DeviceFlag, FlagHit, StrategyError, declare
 from dlm_toolkit.models.base import DiffusionLM
-from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout
+from dlm_toolkit.step.segments import Segment, cache_seen, cache_writes, check, layout, plain_window, window_with_cache
 from dlm_toolkit.step.state import COUNTERS, DecodeState
 from dlm_toolkit.strategy.base import BlockSchedule
 from dlm_toolkit.step.outputs import hook_label
@@ -232,7 +232,7 @@ class StepEngine:
             logits = run(*args)
         s.model_time += perf_counter() - t0
         s.forward_calls += 1
-        s.counts.select(1, FORWARD_TOKENS).add_(tokens)
+        s.counts_columns(FORWARD_TOKENS, None).add_(tokens)  # a view made once per decode
         if nfe_rows is not None:
             s.counts[:, 0] += nfe_rows.long()  # nfe
             s.block_step += nfe_rows.long()
@@ -247,16 +247,22 @@ class StepEngine:
         the real slots of each row (``forward_tokens``). ``needed`` (trim): the cache columns some
         live row has filled (the read's), instead of all."""
         s = self.state
-        ids, pos, allowed = layout(segments, self.eye(sum(seg.width for seg in segments)))
+        eye = self.eye(sum(seg.width for seg in segments))
         real = torch.cat([seg.real for seg in segments], 1) if len(segments) > 1 else segments[0].real
         if self.cached:
             assert s.cache_len is not None
             cols = self.length if needed is None else needed  # precondition: no live row's cache is longer
+            if plain_window(segments):  # the step's own window: its mask in one comparison of groups
+                one = segments[0]
+                not_cached = self.canvas_pos[:, :cols] >= s.cache_len[:, None]
+                mask = window_with_cache(one, not_cached, self.cache_groups()[:, :cols], eye)
+                return (one.ids, one.pos, mask, cache_writes(segments)), real.sum(1)
+            ids, pos, allowed = layout(segments, eye)
             in_cache = self.canvas_pos[:, :cols] < s.cache_len[:, None]
             seen = cache_seen(segments, in_cache, self.cache_groups()[:, :cols])
             args: tuple[torch.Tensor, ...] = (ids, pos, torch.cat([seen, allowed], -1), cache_writes(segments))
         else:
-            args = (ids, pos, allowed)
+            args = layout(segments, eye)
         return args, real.sum(1)
 
     def extra_forward(self, segments: Sequence[Segment], rows: torch.Tensor) -> list[torch.Tensor]:

@@ -25,6 +25,8 @@ INSERTS, DELETES = COUNTERS.index("inserts"), COUNTERS.index("deletes")
 STEP_COUNTERS = COUNTERS[:8]  # what write_step counts, in this order
 assert STEP_COUNTERS == ("nfe", "commits", "edits", "remasks", "multi_commit_steps", "post_forwards",
                          "post_forwards_with_edit", "blocks_decoded")
+WITH_REMASK_COLUMNS = tuple(range(len(STEP_COUNTERS)))  # write_step's counter rows, by column of COUNTERS
+NO_REMASK_COLUMNS = tuple(c for c in WITH_REMASK_COLUMNS if STEP_COUNTERS[c] != "remasks")
 
 
 def window_slots(ctx: StepContext, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +94,7 @@ def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = N
     # the canvas for every row when min hi >= W and max hi <= Lmax (this step's read), so no slot clamps
     inside = every and ends is not None and ends[0] >= ctx.positions.shape[1] and ends[1] <= state.canvas.shape[1]
     wrote = ctx.commit | ctx.edit
-    step = state.counts.narrow(1, 0, 1) if every else state.nfe[rows, None]
+    step = state.counts_columns(0, 1) if every else state.nfe[rows, None]
     tokens = torch.where(wrote, ctx.sampled, ctx.tokens) if no_remask else written_window(ctx, wrote)
     written_step = torch.where(wrote, step, ctx.written_step)
     written_conf = torch.where(wrote, ctx.confidence, ctx.written_conf)
@@ -100,21 +102,29 @@ def write_step(state: DecodeState, ctx: StepContext, facts: StepFacts | None = N
         written_step.masked_fill_(ctx.remask, -1)
         written_conf.masked_fill_(ctx.remask, 0.0)
     write_window(state, ctx, tokens, written_step, written_conf, inside)
-    n_commit, n_edit, n_remask = ctx.commit.sum(1), ctx.edit.sum(1), ctx.remask.sum(1)
-    # one row per context row, the first eight COUNTERS (forward_tokens: counted by the forwards;
-    # inserts, deletes: by write_shift); bools promote to long in the stack. A row that is not live
-    # has no valid slot, so no region holds a selection of it and its commits/edits/remasks are 0
-    # (a rule that selects there anyway fails the step checks, raised at the next read); ctx.post
-    # holds live rows only: only the block start needs the live mask.
-    step_counts = torch.stack([live, n_commit, n_edit, n_remask, n_commit >= 2, ctx.post, ctx.post & (n_edit > 0),
-                               live & (ctx.block_step == 0)], 1)
-    net = n_commit if no_remask else n_commit - n_remask  # commits and remasks stay in the block
+    n_commit, n_edit = ctx.commit.sum(1), ctx.edit.sum(1)
+    # one row per context row, STEP_COUNTERS without "remasks" when no remask is applied (its column
+    # then stays as it is); forward_tokens: counted by the forwards; inserts, deletes: by write_shift.
+    # Bools promote to long in the stack. A row that is not live has no valid slot, so no region holds
+    # a selection of it and its commits/edits/remasks are 0 (a rule that selects there anyway fails the
+    # step checks, raised at the next read); ctx.post holds live rows only: only the block start needs
+    # the live mask. logical_and(post, n_edit) is post & (n_edit != 0); block_step < live is live &
+    # (block_step == 0), as block_step >= 0: one op each.
+    counted = [live, n_commit, n_edit, n_commit >= 2, ctx.post, torch.logical_and(ctx.post, n_edit),
+               ctx.block_step.lt(live)]
+    if no_remask:
+        columns, net = state.index(NO_REMASK_COLUMNS), n_commit
+    else:
+        n_remask = ctx.remask.sum(1)
+        counted.insert(3, n_remask)
+        columns, net = state.index(WITH_REMASK_COLUMNS), n_commit - n_remask  # both stay in the block
+    step_counts = torch.stack(counted, 1)
     if every:
-        state.counts.narrow(1, 0, len(STEP_COUNTERS)).add_(step_counts)
+        state.counts.index_add_(1, columns, step_counts)
         state.block_masked -= net
         state.block_step += live
         return
-    state.counts[:, :len(STEP_COUNTERS)].index_add_(0, rows, step_counts)
+    state.counts.index_put_((rows[:, None], columns), step_counts, accumulate=True)
     state.block_masked[rows] -= net
     state.block_step[rows] += live.long()
 

@@ -184,6 +184,34 @@ def cache_seen(segments: list[Segment], in_cache: torch.Tensor, cache_group: tor
     return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
 
+def plain_window(segments: list[Segment]) -> bool:
+    """Whether ``segments`` is one window whose attention :func:`window_with_cache` builds: no
+    ``own`` pattern, ``see_self=Keys.UP_TO`` by ``group`` (no ``order``), ``see_cache``."""
+    if len(segments) != 1:
+        return False
+    s = segments[0]
+    return s.own is None and s.see_self is Keys.UP_TO and s.see_cache and s.order is None and s.group is not None
+
+
+GROUP_MIN, GROUP_MAX = torch.iinfo(torch.long).min, torch.iinfo(torch.long).max
+
+
+def window_with_cache(segment: Segment, not_cached: torch.Tensor, cache_group: torch.Tensor,
+                      eye: torch.Tensor) -> torch.Tensor:
+    """(N, T, S + T) bool: ``cat([cache_seen([segment], ~not_cached, cache_group), layout([segment], eye)[2]], -1)``
+    for a segment where :func:`plain_window` holds, in one comparison of groups: a key that is not in
+    the cache (``not_cached`` (N, S)) or not real takes the group GROUP_MAX (seen by no query), a
+    query that is not real the group GROUP_MIN (sees no key); then every slot sees itself.
+    Precondition: every group lies strictly between GROUP_MIN and GROUP_MAX (they are block indices)."""
+    group = segment.group
+    assert group is not None
+    unreal = ~segment.real
+    keys = torch.cat([cache_group.masked_fill(not_cached, GROUP_MAX), group.masked_fill(unreal, GROUP_MAX)], 1)
+    seen = keys[:, None, :] <= group.masked_fill(unreal, GROUP_MIN)[:, :, None]
+    seen.narrow(2, not_cached.shape[1], eye.shape[0]).logical_or_(eye)
+    return seen
+
+
 def cache_writes(segments: list[Segment]) -> torch.Tensor:
     """(N, T) bool: the forward's slots written into the KV cache."""
     parts = [s.write if s.write is not None else torch.zeros_like(s.real) for s in segments]

@@ -71,6 +71,9 @@ class DecodeState:
     _rows: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     _offsets: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
     _block0: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    _indices: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _count_views: tuple[torch.Tensor | None, dict[tuple[int, int | None], torch.Tensor]] = field(
+        default_factory=lambda: (None, {}), init=False, repr=False, compare=False)
 
     @classmethod
     def start(
@@ -158,6 +161,27 @@ class DecodeState:
             out = self._offsets[width] = torch.arange(width, device=self.device)
         return out
 
+    def index(self, values: tuple[int, ...]) -> torch.Tensor:
+        """``tensor(values)`` (long) on the decode's device, built once per tuple (do not write into it)."""
+        out = self._indices.get(values)
+        if out is None or out.device != self.device:
+            out = self._indices[values] = torch.tensor(values, dtype=torch.long, device=self.device)
+        return out
+
+    def counts_columns(self, start: int, width: int | None) -> torch.Tensor:
+        """``counts[:, start:start + width]`` (``width`` None: the column ``counts[:, start]``), a view
+        (writes go to ``counts``) made once per ``counts`` tensor: keyed by the tensor itself, so a
+        decode that replaces ``counts`` gets fresh views (each view made is one more small op per call)."""
+        of, views = self._count_views
+        if of is not self.counts:
+            views = {}
+            self._count_views = (self.counts, views)
+        out = views.get((start, width))
+        if out is None:
+            out = self.counts[:, start] if width is None else self.counts.narrow(1, start, width)
+            views[(start, width)] = out
+        return out
+
     def block0_slots(self) -> torch.Tensor:
         """(N, block_length) the positions of every row's block 0 (``origin + arange``), built once
         per decode (the origin never changes; do not write into it)."""
@@ -169,8 +193,8 @@ class DecodeState:
 
     @property
     def nfe(self) -> torch.Tensor:
-        """(N,) forwards each row took part in (a view of ``counts``)."""
-        return self.counts[:, 0]
+        """(N,) forwards each row took part in (a view of ``counts``, made once per ``counts`` tensor)."""
+        return self.counts_columns(0, None)
 
     def block_bounds(self, rows: torch.Tensor, block: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Absolute ``[lo, hi)`` of ``block`` (default: the active block) for ``rows``. Under a
@@ -209,8 +233,8 @@ class DecodeState:
         return (pos >= prompt_len[:, None]) & (pos < hi[:, None])
 
     def advance_blocks(self, ending: torch.Tensor, eos_early_stop: bool) -> None:
-        """End the active block of the rows where ``ending`` ((N,) bool) holds: stop the row at an
-        EOS if asked, else move it to its next block (done after its last one)."""
+        """End the active block of the rows where ``ending`` ((N,) bool, rows that are not done) holds:
+        stop the row at an EOS if asked, else move it to its next block (done after its last one)."""
         rows = self.all_rows
         if eos_early_stop:
             _, hi = self.block_bounds(rows)
@@ -222,9 +246,11 @@ class DecodeState:
             self.done |= stop
             ending = ending ^ stop  # stopped rows are ending rows
         self.block += ending  # in place: a bool adds as 0/1
-        finished = ending & (self.block >= self.num_blocks)
-        self.done |= finished
-        moved = ending ^ finished  # finished rows are ending rows
+        # precondition: a row past its last block is done (this line keeps it), and ``ending`` holds
+        # no done row (docstring): so the rows done now are those done before and the finished ones,
+        # and the ending rows that are not done are the ones that moved
+        self.done |= self.block >= self.num_blocks
+        moved = ending > self.done  # on bools a > b is a & ~b
         self.post = self.post.masked_fill(moved, 0)
         self.block_step = self.block_step.masked_fill(moved, 0)
         start = self.masked_in_block(rows)
