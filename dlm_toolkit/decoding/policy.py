@@ -52,11 +52,10 @@ def check_budgets(policy: DecodingPolicy) -> None:
     if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 1 << 20:
         raise ConfigError(f"blocks rule '{blocks.name}': window_width() = {width!r}: must be an integer in [1, {1 << 20}]")
     cap = forward_budget_cap(width)
-    budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block)]
-    budgets += [(hook_label(hook), declared.budget_source, lambda declared=declared: declared.forward_budget)
+    budgets = [(f"blocks rule '{blocks.name}'", "max_forwards_per_block()", blocks.max_forwards_per_block())]
+    budgets += [(hook_label(hook), declared.budget_source, declared.forward_budget)
                 for hook, declared in zip(policy.hooks, policy.declarations)]
-    for who, field, declared in budgets:
-        value = declared()
+    for who, field, value in budgets:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
             raise ConfigError(f"{who}: {field} = {value!r}: must be an integer in [0, {cap}], the engine's bound of "
                               f"{FORWARDS_PER_POSITION} forwards per window position ({width}) + {FORWARDS_FLOOR}")

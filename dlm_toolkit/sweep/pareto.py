@@ -278,6 +278,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def params_text(params: dict[str, Any]) -> str:
+    """A trial's parameters as one line, ``key=value`` sorted by key (the front table's column, the
+    title of a trial's decode page)."""
+    return " ".join(f"{k}={_fmt(v)}" for k, v in sorted(params.items()))
+
+
 def cut_list(items: Sequence[Any], most: int = 10) -> str:
     """``[a, b, c]``, or the first ``most`` then ``..., +N more`` (a cut list says it is cut)."""
     shown = ", ".join(map(str, items[:most]))
@@ -314,7 +320,7 @@ def format_table(summary: ParetoSummary) -> str:
         same.setdefault(p.policy_hash or f"#{p.trial}", []).append(p)
     for group in same.values():
         p = next((q for q in group if q.preset), group[0])
-        params = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(p.params.items())) if not p.preset else ""
+        params = params_text(p.params) if not p.preset else ""
         trial = str(p.trial) + (f" (={','.join(str(q.trial) for q in group if q is not p)})" if len(group) > 1 else "")
         tied = ",".join(name for name, tie in summary.ties(p).items() if tie is not None)
         rows.append([trial, p.preset or "", *[_fmt(p.metrics.get(m)) for m in metrics],

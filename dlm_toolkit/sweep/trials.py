@@ -16,7 +16,7 @@ from dlm_toolkit.util.files import parse_json
 from dlm_toolkit.strategy.policy_config import load_policy
 from dlm_toolkit.sweep.experiment import Experiment
 from dlm_toolkit.sweep.params import preset_params, sample_params, trial_policy
-from dlm_toolkit.sweep.pareto import encode_outcomes
+from dlm_toolkit.sweep.pareto import encode_outcomes, params_text
 from dlm_toolkit.sweep.reference import reference_gaps, study_reference
 from dlm_toolkit.sweep.storage import (DEFAULT_RECONNECT, MAX_RETRY, lost_connection, optuna_quiet,
                                        wait_for_storage)
@@ -179,8 +179,7 @@ class TrialRunner:
             trial.set_user_attr("metrics", metrics)
             trial.set_user_attr("outcomes", encode_outcomes([r["score"] for r in result.records]))
             run.log_records(result.records)
-            label = f"trial {trial.number}, " + (f"preset {preset}" if preset else ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()))
+            label = f"trial {trial.number}, " + (f"preset {preset}" if preset else params_text(params))
             run.log_trajectories(self.model, self.tokenizer, self.task, policy, exp.seed, min(2, exp.n), exp.cuda_graphs,
                                  label=label, checkpoint=exp.model)
             run.finish("FINISHED", "COMPLETE", metrics)
