@@ -83,12 +83,17 @@ class Fixed(StepHook):
         return Declaration(needs_fixed_block="a toy block copy")
 
 
+def asking(*hooks: StepHook, base: type = NoEdit) -> str:
+    """The name of a new T2T rule (``base`` otherwise) whose ``step_hooks`` gives ``hooks``."""
+    name = f"_flags_asks_{next(_names)}"
+    T2T.register(name)(type("Asks", (base,), {"step_hooks": lambda self, policy, role: list(hooks)}))
+    return name
+
+
 def with_hooks(*hooks: StepHook, blocks: str = "semi_ar", m2t: str = "threshold") -> DecodingPolicy:
     """A policy whose T2T rule (no edits) asks for ``hooks``; one commit per step (threshold 1.0:
     only the fallback commit)."""
-    cls = type("Asks", (NoEdit,), {"step_hooks": lambda self, policy, role: list(hooks)})
-    name = f"_flags_asks_{next(_names)}"
-    T2T.register(name)(cls)
+    name = asking(*hooks)
     params = {"block_length": 4, "max_block_length": 4} if blocks == "dsb" else {"block_length": 4}
     return DecodingPolicy({"m2t": {"name": m2t, "params": {"threshold": 1.0}}, "t2t": {"name": name},
                            "blocks": {"name": blocks, "params": params}})

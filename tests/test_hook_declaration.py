@@ -11,13 +11,14 @@ import pytest
 import torch
 
 import dlm_toolkit
-from dlm_toolkit import T2T, ConfigError, DecodingPolicy, decode
+from dlm_toolkit import ConfigError, DecodingPolicy, decode
 from dlm_toolkit.hooks import Declaration, StepHook
 from dlm_toolkit.hooks.legacy import LEGACY
 from dlm_toolkit.step.flags import DeviceFlag, set_flag
 from dlm_toolkit.strategy import Output
 from dlm_toolkit.testing import tiny_llada2
 from strategies.t2t_threshold import ThresholdEdit
+from test_flags import asking
 
 
 class Declares(StepHook):
@@ -40,10 +41,8 @@ class ReturnsDict(StepHook):
 
 
 def with_hooks(*hooks: StepHook, **overrides) -> DecodingPolicy:
-    cls = type("Asks", (ThresholdEdit,), {"step_hooks": lambda self, policy, role: list(hooks)})
-    name = f"_declares_{len(T2T.names())}"
-    T2T.register(name)(cls)
-    return DecodingPolicy("llada2.1-q", **{"t2t.name": name, **overrides})
+    """``llada2.1-q`` (blocks of 32) whose T2T rule, the threshold edit, asks for ``hooks``."""
+    return DecodingPolicy("llada2.1-q", **{"t2t.name": asking(*hooks, base=ThresholdEdit), **overrides})
 
 
 BAD = [  # fields, the refusal after "hook 'declares': "

@@ -101,6 +101,17 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
+def from_base(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The absolute module a ``from ... import`` in module ``name`` (file ``path``) imports from."""
+    base = node.module or ""
+    if node.level:
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            here = here.rpartition(".")[0]
+        base = f"{here}.{base}" if base else here
+    return base
+
+
 def import_graph(pkg: Path, prefix: str) -> dict[str, set[str]]:
     """Each module's imported modules of the package (the deepest existing module of each imported
     name: ``from dlm_toolkit import decode`` is the package, ``from dlm_toolkit.hooks import shadow``
@@ -124,12 +135,7 @@ def import_graph(pkg: Path, prefix: str) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 wanted |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
-                    for _ in range(node.level - 1):
-                        here = here.rpartition(".")[0]
-                    base = f"{here}.{base}" if base else here
+                base = from_base(node, name, path)
                 for alias in node.names:
                     wanted.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
         for target in wanted:

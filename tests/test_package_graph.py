@@ -18,7 +18,7 @@ PKG = ROOT / "dlm_toolkit"
 Edges = dict[str, dict[str, list[str]]]  # package -> imported package -> ["file:line", ...]
 
 # the module graph's reader and cycle finder (tests/test_layout.py), used here on packages
-from test_layout import _type_checking_nodes, _write, find_cycle, module_names as _modules  # noqa: E402
+from test_layout import _type_checking_nodes, _write, find_cycle, from_base, module_names as _modules  # noqa: E402
 
 
 def package_of(module: str, prefix: str) -> str:
@@ -46,12 +46,7 @@ def package_graph(pkg: Path, prefix: str) -> Edges:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
-                    for _ in range(node.level - 1):
-                        here = here.rpartition(".")[0]
-                    base = f"{here}.{base}" if base else here
+                base = from_base(node, name, path)
                 targets = [f"{base}.{a.name}" for a in node.names]
             for target in targets:
                 dst = package_of(target, prefix)
